@@ -1,0 +1,56 @@
+// The vTPU of this process: topology, visible chips, per-chip HBM and streams.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "vtpu/hbm_allocator.h"
+#include "vtpu/stream.h"
+#include "vtpu/topology.h"
+
+namespace vtpu {
+
+class Chip {
+ public:
+  Chip(int index, int global_id, const Topology& topology, uint64_t hbm_bytes);
+  int index() const { return index_; }          // local index: tpu:<index>
+  int global_id() const { return global_id_; }  // chip id in the slice
+  Coord coords() const { return topology_.coords(global_id_); }
+  const ChipSpec& spec() const { return topology_.spec(); }
+  HbmAllocator& hbm() { return hbm_; }
+  Stream& default_stream() { return stream(0); }
+  // Stream ids: 0 is the default stream; new_stream() hands out 1, 2, ...
+  Stream& stream(int64_t id);  // throws std::out_of_range for unknown ids
+  int64_t new_stream();
+  void synchronize();  // every stream of the chip; throws AsyncError
+
+ private:
+  int index_;
+  int global_id_;
+  const Topology& topology_;
+  HbmAllocator hbm_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Stream>> streams_;  // created lazily
+};
+
+class Runtime {
+ public:
+  // Built once on first use from the environment:
+  //   TORCH_TPU_TOPOLOGY / TPU_ACCELERATOR_TYPE (default "v6e-8"),
+  //   TORCH_TPU_HOST_ID (default 0): which host of the slice this process is,
+  //   TPU_VISIBLE_CHIPS: comma-separated global chip ids this process sees,
+  //   TORCH_TPU_HBM_BYTES: HBM capacity override per chip.
+  // Throws std::invalid_argument on bad values.
+  static Runtime& get();
+  const Topology& topology() const { return topology_; }
+  int device_count() const { return static_cast<int>(chips_.size()); }
+  Chip& chip(int index);  // throws std::out_of_range naming the valid range
+
+ private:
+  Runtime();
+  Topology topology_;
+  std::vector<std::unique_ptr<Chip>> chips_;
+};
+
+}  // namespace vtpu

@@ -1,0 +1,85 @@
+// Streams and events of a chip: in-order work queues run by worker threads.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace vtpu {
+
+// Raised at a synchronizing call after queued work failed. The message names
+// the op that failed and carries the original error's message.
+class AsyncError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Stream {
+ public:
+  Stream(int chip, int64_t id);
+  ~Stream();  // drains the queue, then joins the worker
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // Queues `work` to run after everything queued before it. Returns at once.
+  // If `work` throws, the first error is kept ("sticky") with `op_name` and
+  // later work still runs in order; the error is raised by the next
+  // synchronize()/check_error().
+  void enqueue(std::string op_name, std::function<void()> work);
+  // Blocks until all queued work has run; throws AsyncError if any failed
+  // (the error is cleared once raised, so the stream stays usable).
+  void synchronize();
+  bool query() const;  // true when nothing is queued or running
+  void check_error();  // throws a pending AsyncError without waiting
+  int chip() const { return chip_; }
+  int64_t id() const { return id_; }
+  // Whether the calling thread is this stream's worker.
+  bool on_worker_thread() const;
+
+ private:
+  void run();
+  int chip_;
+  int64_t id_;
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_, idle_cv_;
+  std::deque<std::pair<std::string, std::function<void()>>> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::string error_;  // empty when no error is pending
+  std::thread worker_;
+};
+
+// A marker in a stream's work; completes when the stream reaches it.
+class Event {
+ public:
+  explicit Event(bool enable_timing = false) : enable_timing_(enable_timing) {}
+  // Marks the point after all work queued so far on `stream`.
+  void record(Stream& stream);
+  bool query() const;         // true if never recorded or reached
+  void synchronize() const;   // blocks the caller until reached
+  // Makes `stream` wait for this event before running later work.
+  void block(Stream& stream);
+  // Milliseconds between this event and `end` (both recorded with timing and
+  // reached). Throws std::logic_error otherwise.
+  double elapsed_ms(const Event& end) const;
+  bool recorded() const;
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::chrono::steady_clock::time_point when;
+  };
+  bool enable_timing_;
+  std::shared_ptr<State> state_;  // the latest record()
+};
+
+}  // namespace vtpu
