@@ -1,0 +1,139 @@
+#include "aten/allocator.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include <cstring>
+#include <mutex>
+#include <unordered_set>
+
+#include "aten/device.h"
+#include "aten/errors.h"
+#include "vtpu/layout.h"
+
+namespace torch_tpu {
+namespace {
+
+struct BlockContext {
+  vtpu::HbmAllocator* hbm;
+  vtpu::Block* block;
+};
+
+void free_block(void* ctx) {
+  auto* c = static_cast<BlockContext*>(ctx);
+  c->hbm->free(c->block);
+  delete c;
+}
+
+}  // namespace
+
+c10::DataPtr TPUAllocator::allocate(size_t nbytes) {
+  return allocate_on(current_device(), nbytes, vtpu::physical_bytes_of_buffer(nbytes));
+}
+
+c10::DataPtr TPUAllocator::allocate_on(c10::DeviceIndex device, size_t nbytes, uint64_t physical) {
+  c10::Device dev(kTPU, device);
+  if (nbytes == 0) return c10::DataPtr(nullptr, dev);
+  auto& hbm = chip(device).hbm();
+  vtpu::Block* block = translate_errors([&] { return hbm.allocate(nbytes, physical); });
+  void* data = vtpu::HbmAllocator::data(block);
+  return c10::DataPtr(data, new BlockContext{&hbm, block}, &free_block, dev);
+}
+
+void TPUAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  // Storage-level copies are host reads/writes of device memory: wait first.
+  synchronize_device(current_device());
+  std::memcpy(dest, src, count);
+}
+
+void TPUAllocator::emptyCache(c10::MempoolId_t) {
+  for (c10::DeviceIndex i = 0; i < device_count(); ++i) chip(i).hbm().empty_cache();
+}
+
+c10::CachingDeviceAllocator::DeviceStats TPUAllocator::getDeviceStats(c10::DeviceIndex device) {
+  auto s = chip(resolve_index(device)).hbm().stats();
+  c10::CachingDeviceAllocator::DeviceStats out;
+  auto set = [](c10::CachingDeviceAllocator::StatArray& a, uint64_t cur, uint64_t peak) {
+    for (auto& stat : a) {
+      stat.current = static_cast<int64_t>(cur);
+      stat.peak = static_cast<int64_t>(peak);
+    }
+  };
+  set(out.allocated_bytes, s.allocated_bytes, s.allocated_bytes_peak);
+  set(out.active_bytes, s.allocated_bytes, s.allocated_bytes_peak);
+  set(out.reserved_bytes, s.reserved_bytes, s.reserved_bytes_peak);
+  set(out.requested_bytes, s.logical_bytes, s.logical_bytes_peak);
+  set(out.allocation, s.active_blocks, s.active_blocks);
+  set(out.active, s.active_blocks, s.active_blocks);
+  set(out.segment, s.segments, s.segments);
+  for (auto& stat : out.allocation) {
+    stat.allocated = static_cast<int64_t>(s.num_allocs);
+    stat.freed = static_cast<int64_t>(s.num_frees);
+  }
+  out.num_alloc_retries = static_cast<int64_t>(s.num_alloc_retries);
+  out.num_ooms = static_cast<int64_t>(s.num_ooms);
+  return out;
+}
+
+void TPUAllocator::resetAccumulatedStats(c10::DeviceIndex) {}
+
+void TPUAllocator::resetPeakStats(c10::DeviceIndex device) {
+  chip(resolve_index(device)).hbm().reset_peak_stats();
+}
+
+std::pair<size_t, size_t> TPUAllocator::getMemoryInfo(c10::DeviceIndex device) {
+  auto s = chip(resolve_index(device)).hbm().stats();
+  return {static_cast<size_t>(s.capacity_bytes - s.reserved_bytes),
+          static_cast<size_t>(s.capacity_bytes)};
+}
+
+TPUAllocator& tpu_allocator() {
+  static TPUAllocator allocator;
+  return allocator;
+}
+
+// --- pinned host memory -----------------------------------------------------
+namespace {
+
+std::mutex pinned_mu;
+std::unordered_set<const void*> pinned_ptrs;
+
+void free_pinned(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(pinned_mu);
+    pinned_ptrs.erase(ptr);
+  }
+  c10::free_cpu(ptr);
+}
+
+class PinnedAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* ptr = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    if (ptr) {
+      std::lock_guard<std::mutex> lock(pinned_mu);
+      pinned_ptrs.insert(ptr);
+    }
+    return c10::DataPtr(ptr, ptr, &free_pinned, c10::Device(c10::kCPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+}  // namespace
+
+c10::Allocator& pinned_allocator() {
+  static PinnedAllocator allocator;
+  return allocator;
+}
+
+bool is_pinned_ptr(const void* ptr) {
+  std::lock_guard<std::mutex> lock(pinned_mu);
+  return pinned_ptrs.count(ptr) > 0;
+}
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &tpu_allocator());
+
+}  // namespace torch_tpu

@@ -1,0 +1,70 @@
+#include "aten/device.h"
+
+#include <vector>
+
+#include "aten/errors.h"
+
+namespace torch_tpu {
+namespace {
+
+thread_local c10::DeviceIndex tls_device = 0;
+// Current stream id per device for this thread; 0 is the default stream.
+thread_local std::vector<int64_t> tls_streams;
+
+}  // namespace
+
+vtpu::Runtime& runtime() {
+  return translate_errors([]() -> vtpu::Runtime& { return vtpu::Runtime::get(); });
+}
+
+c10::DeviceIndex device_count() {
+  return static_cast<c10::DeviceIndex>(runtime().device_count());
+}
+
+vtpu::Chip& chip(c10::DeviceIndex index) {
+  return translate_errors([&]() -> vtpu::Chip& { return runtime().chip(index); });
+}
+
+c10::DeviceIndex resolve_index(c10::DeviceIndex index) {
+  return index < 0 ? tls_device : index;
+}
+
+c10::DeviceIndex current_device() { return tls_device; }
+
+void set_current_device(c10::DeviceIndex index) {
+  chip(index);  // validates
+  tls_device = index;
+}
+
+c10::Stream current_stream(c10::DeviceIndex index) {
+  index = resolve_index(index);
+  chip(index);
+  int64_t id = index < static_cast<int64_t>(tls_streams.size()) ? tls_streams[index] : 0;
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kTPU, index), id);
+}
+
+c10::Stream default_stream(c10::DeviceIndex index) {
+  index = resolve_index(index);
+  chip(index);
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kTPU, index), 0);
+}
+
+void set_current_stream(const c10::Stream& stream) {
+  TORCH_CHECK(stream.device_type() == kTPU, "expected a tpu stream, got ", stream);
+  vtpu_stream(stream);  // validates
+  auto index = stream.device_index();
+  if (static_cast<int64_t>(tls_streams.size()) <= index) tls_streams.resize(index + 1, 0);
+  tls_streams[index] = stream.id();
+}
+
+vtpu::Stream& vtpu_stream(const c10::Stream& stream) {
+  auto& c = chip(stream.device_index());
+  return translate_errors([&]() -> vtpu::Stream& { return c.stream(stream.id()); });
+}
+
+void synchronize_device(c10::DeviceIndex index) {
+  auto& c = chip(resolve_index(index));
+  translate_errors([&] { c.synchronize(); });
+}
+
+}  // namespace torch_tpu

@@ -1,0 +1,38 @@
+// This process's tpu devices: chip lookup, current device and current stream
+// (both thread-local, as CUDA's are).
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+#include "vtpu/runtime.h"
+
+namespace torch_tpu {
+
+constexpr c10::DeviceType kTPU = c10::DeviceType::PrivateUse1;
+
+vtpu::Runtime& runtime();  // raises ValueError for a bad topology environment
+c10::DeviceIndex device_count();
+// The chip behind tpu:<index>; raises IndexError naming the valid range.
+vtpu::Chip& chip(c10::DeviceIndex index);
+// -1 means the current device.
+c10::DeviceIndex resolve_index(c10::DeviceIndex index);
+inline vtpu::Chip& chip_of(const c10::Device& device) {
+  return chip(resolve_index(device.has_index() ? device.index() : -1));
+}
+
+c10::DeviceIndex current_device();
+void set_current_device(c10::DeviceIndex index);  // raises IndexError
+
+c10::Stream current_stream(c10::DeviceIndex index = -1);
+c10::Stream default_stream(c10::DeviceIndex index = -1);
+void set_current_stream(const c10::Stream& stream);
+vtpu::Stream& vtpu_stream(const c10::Stream& stream);
+inline vtpu::Stream& current_vtpu_stream(c10::DeviceIndex index) {
+  return vtpu_stream(current_stream(index));
+}
+
+// Waits for every stream of the chip; raises RuntimeError for failed work.
+void synchronize_device(c10::DeviceIndex index = -1);
+
+}  // namespace torch_tpu

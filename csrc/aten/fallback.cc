@@ -1,0 +1,439 @@
+// Runs every ATen operator without a dedicated tpu kernel on the chip.
+//
+// Output shapes and strides come from the operator's meta kernel; outputs are
+// allocated in the chip's HBM at once; the computation is queued on the
+// current stream, where ATen's CPU kernel runs over host aliases of the
+// device buffers. The caller does not wait. Operators whose results the host
+// needs now (non-tensor returns) or whose output shapes depend on data (no
+// meta kernel: nonzero, unique, masked_select, ...) synchronize and run at once.
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/core/stack.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "aten/device.h"
+#include "aten/errors.h"
+#include "aten/generator.h"
+#include "aten/host_alias.h"
+#include "aten/tensor_factory.h"
+
+namespace torch_tpu {
+namespace {
+
+using c10::IValue;
+
+// One argument as queued work keeps it: tensors as recipes (storage +
+// metadata), everything else as a value usable by the CPU kernel.
+struct QueuedArg {
+  enum class Kind { kValue, kTensor, kTensorList, kOptionalTensorList } kind = Kind::kValue;
+  IValue value;
+  std::vector<std::optional<TensorRecipe>> tensors;
+};
+
+std::string op_label(const c10::FunctionSchema& schema) {
+  std::string name = schema.name();
+  if (!schema.overload_name().empty()) name += "." + schema.overload_name();
+  return name;
+}
+
+// Which argument a return aliases (-1: a fresh tensor), and whether it writes.
+struct ReturnAlias {
+  int arg = -1;
+  bool write = false;
+};
+
+const c10::AliasInfo* alias_of(const c10::Argument& a) {
+  const c10::AliasInfo* info = a.alias_info();
+  if (info && info->beforeSets().empty() && !info->containedTypes().empty()) {
+    return &info->containedTypes()[0];  // Tensor(a)[]
+  }
+  return info;
+}
+
+ReturnAlias return_alias(const c10::FunctionSchema& schema, size_t ret) {
+  const c10::AliasInfo* r = alias_of(schema.returns()[ret]);
+  if (!r || r->beforeSets().empty()) return {};
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const c10::AliasInfo* a = alias_of(schema.arguments()[i]);
+    if (a && a->beforeSets() == r->beforeSets()) return {static_cast<int>(i), r->isWrite()};
+  }
+  return {};
+}
+
+bool returns_only_tensors(const c10::FunctionSchema& schema) {
+  for (const auto& r : schema.returns()) {
+    const auto& type = r.type();
+    if (type->kind() == c10::TypeKind::TensorType) continue;
+    if (type->kind() == c10::TypeKind::ListType &&
+        type->containedType(0)->kind() == c10::TypeKind::TensorType) {
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+// Ops whose meta kernel is missing: learned on first use, then they go
+// straight to the synchronous path.
+std::mutex no_meta_mu;
+std::unordered_set<std::string> ops_without_meta;
+
+bool known_without_meta(const std::string& op) {
+  std::lock_guard<std::mutex> lock(no_meta_mu);
+  return ops_without_meta.count(op) > 0;
+}
+
+// The device the op runs on and a check that its tensors agree about it.
+class DeviceCheck {
+ public:
+  explicit DeviceCheck(const std::string& op) : op_(op) {}
+  void tensor(const at::Tensor& t, bool host_allowed) {
+    if (!t.defined()) return;
+    if (t.device().type() == kTPU) {
+      if (index_ < 0) {
+        index_ = t.device().index();
+      } else if (t.device().index() != index_) {
+        TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
+                    "devices, tpu:", index_, " and ", t.device(), "! (in ", op_, ")");
+      }
+      return;
+    }
+    // Host scalars mix with device tensors, as with CUDA; index lists may be on the host.
+    if (t.device().is_cpu() && (t.dim() == 0 || host_allowed)) return;
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu and ",
+                t.device(), "! (in ", op_, ": argument of shape ", t.sizes(), " and dtype ",
+                t.scalar_type(), " is on ", t.device(), ")");
+  }
+  void device(const c10::Device& d) {
+    if (d.type() == kTPU && index_ < 0) index_ = resolve_index(d.has_index() ? d.index() : -1);
+  }
+  c10::DeviceIndex index() const { return index_ < 0 ? current_device() : index_; }
+
+ private:
+  const std::string& op_;
+  c10::DeviceIndex index_ = -1;
+};
+
+// The host engine random kernels use for a tpu op's Generator argument.
+IValue host_generator(const IValue& v, c10::DeviceIndex device, const std::string& op) {
+  at::Generator gen = v.isNone() ? default_generator(device) : v.toGenerator();
+  TORCH_CHECK(gen.device().type() == kTPU, op, ": expected a generator on tpu, got one on ", gen.device());
+  return IValue(at::check_generator<TPUGeneratorImpl>(gen)->host_engine());
+}
+
+bool is_generator_arg(const c10::Argument& a) {
+  auto type = a.type();
+  if (type->kind() == c10::TypeKind::OptionalType) type = type->containedType(0);
+  return type->kind() == c10::TypeKind::GeneratorType;
+}
+
+IValue map_device(const IValue& v, c10::DeviceType to) {
+  if (v.isDevice() && v.toDevice().type() == kTPU) return IValue(c10::Device(to));
+  return v;
+}
+
+// Converts the op's arguments into queued form; validates devices.
+std::vector<QueuedArg> queue_args(const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args,
+                                  DeviceCheck& check, const std::string& op) {
+  std::vector<QueuedArg> out(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const IValue& v = args[i];
+    QueuedArg& q = out[i];
+    // Host tensors are snapshots: the caller may change them once we return.
+    auto recipe = [](const at::Tensor& t) {
+      return TensorRecipe::of(t.device().is_cpu() ? t.clone() : t);
+    };
+    if (v.isTensor()) {
+      const auto& t = v.toTensor();
+      check.tensor(t, false);
+      q.kind = QueuedArg::Kind::kTensor;
+      q.tensors.push_back(t.defined() ? std::optional<TensorRecipe>(recipe(t)) : std::nullopt);
+    } else if (v.isTensorList()) {
+      q.kind = QueuedArg::Kind::kTensorList;
+      for (const at::Tensor& t : v.toTensorList()) {
+        check.tensor(t, false);
+        q.tensors.push_back(recipe(t));
+      }
+    } else if (v.isOptionalTensorList()) {
+      q.kind = QueuedArg::Kind::kOptionalTensorList;
+      for (const auto& e : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = e;
+        if (t.has_value() && t->defined()) {
+          check.tensor(*t, true);
+          q.tensors.push_back(recipe(*t));
+        } else {
+          q.tensors.push_back(std::nullopt);
+        }
+      }
+    } else {
+      if (v.isDevice()) check.device(v.toDevice());
+      q.value = v;
+    }
+  }
+  c10::DeviceIndex device = check.index();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (is_generator_arg(schema.arguments()[i])) {
+      out[i].value = host_generator(args[i], device, op);
+    } else if (out[i].kind == QueuedArg::Kind::kValue) {
+      out[i].value = map_device(out[i].value, c10::kCPU);
+    }
+  }
+  return out;
+}
+
+// Rebuilds arguments as tensors of `builder`'s device type.
+torch::jit::Stack build_stack(const std::vector<QueuedArg>& args, AliasBuilder& builder) {
+  torch::jit::Stack stack;
+  stack.reserve(args.size());
+  for (const auto& q : args) {
+    switch (q.kind) {
+      case QueuedArg::Kind::kValue:
+        stack.push_back(q.value);
+        break;
+      case QueuedArg::Kind::kTensor:
+        stack.push_back(q.tensors[0] ? builder.alias(*q.tensors[0]) : at::Tensor());
+        break;
+      case QueuedArg::Kind::kTensorList: {
+        c10::List<at::Tensor> list;
+        for (const auto& r : q.tensors) list.push_back(builder.alias(*r));
+        stack.push_back(std::move(list));
+        break;
+      }
+      case QueuedArg::Kind::kOptionalTensorList: {
+        c10::List<std::optional<at::Tensor>> list;
+        for (const auto& r : q.tensors) {
+          list.push_back(r ? std::optional<at::Tensor>(builder.alias(*r)) : std::nullopt);
+        }
+        stack.push_back(std::move(list));
+        break;
+      }
+    }
+  }
+  return stack;
+}
+
+// Meta arguments: tpu tensors become meta tensors (host scalars stay), tpu
+// devices become meta, generators are dropped (meta kernels draw nothing).
+torch::jit::Stack meta_stack(const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args) {
+  AliasBuilder meta(c10::kMeta);
+  auto to_meta = [&](const at::Tensor& t) {
+    return (t.defined() && t.device().type() == kTPU) ? meta.alias(t) : t;
+  };
+  torch::jit::Stack stack;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const IValue& v = args[i];
+    if (is_generator_arg(schema.arguments()[i])) {
+      stack.emplace_back();
+    } else if (v.isTensor()) {
+      stack.push_back(to_meta(v.toTensor()));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : v.toTensorList()) list.push_back(to_meta(t));
+      stack.push_back(std::move(list));
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> list;
+      for (const auto& e : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = e;
+        list.push_back(t.has_value() ? std::optional<at::Tensor>(to_meta(*t)) : std::nullopt);
+      }
+      stack.push_back(std::move(list));
+    } else {
+      stack.push_back(map_device(v, c10::kMeta));
+    }
+  }
+  return stack;
+}
+
+// A tpu tensor laid out like `like` (meta/host): a view of the aliased
+// argument, the argument itself when written, or a fresh HBM tensor.
+at::Tensor tpu_result(const at::Tensor& like, const ReturnAlias& alias, const at::Tensor& aliased,
+                      c10::DeviceIndex device) {
+  if (alias.arg >= 0 && aliased.defined()) {
+    if (alias.write) {
+      if (!aliased.sizes().equals(like.sizes()) || !aliased.strides().equals(like.strides())) {
+        set_metadata_like(aliased, like);  // an out= argument the op resized
+      }
+      return aliased;
+    }
+    return aliased.as_strided(like.sizes(), like.strides(), like.storage_offset());
+  }
+  return empty_tpu(like.sizes(), like.strides(), like.scalar_type(), device);
+}
+
+// The tpu tensor(s) aliased by return `r`, or undefined ones.
+std::vector<at::Tensor> aliased_tensors(c10::ArrayRef<IValue> args, const ReturnAlias& alias) {
+  std::vector<at::Tensor> out;
+  if (alias.arg < 0) return out;
+  const IValue& v = args[alias.arg];
+  if (v.isTensor()) out.push_back(v.toTensor());
+  if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) out.push_back(t);
+  return out;
+}
+
+// Synchronous path: wait for the chip, run the CPU kernel on host aliases now.
+void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& label) {
+  const auto& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  std::vector<IValue> args(stack->end() - num_args, stack->end());
+  DeviceCheck check(label);
+  auto queued = queue_args(schema, args, check, label);
+  c10::DeviceIndex device = check.index();
+  synchronize_device(device);
+
+  AliasBuilder host(c10::kCPU);
+  auto cpu = build_stack(queued, host);
+  // out= arguments get fresh host tensors: the CPU kernel may resize them.
+  std::vector<bool> is_out(num_args, false);
+  for (size_t i = 0; i < num_args; ++i) {
+    const auto* a = alias_of(schema.arguments()[i]);
+    if (a && a->isWrite() && schema.arguments()[i].kwarg_only() && cpu[i].isTensor()) {
+      is_out[i] = true;
+      cpu[i] = at::empty({0}, cpu[i].toTensor().options());
+    }
+  }
+  std::vector<IValue> cpu_args(cpu.begin(), cpu.end());
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    op.callBoxed(&cpu);
+  }
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!is_out[i]) continue;
+    const auto& result = cpu_args[i].toTensor();
+    const auto& tpu = args[i].toTensor();
+    set_metadata_like(tpu, result);
+    host_alias(tpu).copy_(result);
+  }
+  torch::jit::drop(*stack, num_args);
+  for (size_t r = 0; r < cpu.size(); ++r) {
+    ReturnAlias alias = return_alias(schema, r);
+    auto aliased = aliased_tensors(args, alias);
+    auto convert = [&](const at::Tensor& t, size_t k) -> at::Tensor {
+      if (!t.defined()) return t;
+      if (alias.arg >= 0 && k < aliased.size()) {
+        if (alias.write) return aliased[k];
+        return aliased[k].as_strided(t.sizes(), t.strides(), t.storage_offset());
+      }
+      auto out = empty_tpu(t.sizes(), t.strides(), t.scalar_type(), device);
+      host_alias(out).copy_(t);  // nothing is queued on a fresh tensor
+      return out;
+    };
+    IValue& v = cpu[r];
+    if (v.isTensor()) {
+      stack->push_back(convert(v.toTensor(), 0));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> list;
+      size_t k = 0;
+      for (const at::Tensor& t : v.toTensorList()) list.push_back(convert(t, k++));
+      stack->push_back(std::move(list));
+    } else {
+      stack->push_back(v);
+    }
+  }
+}
+
+void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const std::string label = op_label(schema);
+  if (!returns_only_tensors(schema) || known_without_meta(label)) {
+    run_now(op, stack, label);
+    return;
+  }
+  const size_t num_args = schema.arguments().size();
+  c10::ArrayRef<IValue> args(&*(stack->end() - num_args), num_args);
+
+  DeviceCheck check(label);
+  auto queued = queue_args(schema, args, check, label);
+  c10::DeviceIndex device = check.index();
+
+  // Shapes, strides and argument errors come from the meta kernel, here.
+  torch::jit::Stack meta = meta_stack(schema, args);
+  try {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    op.callBoxed(&meta);
+  } catch (const c10::NotImplementedError&) {
+    {
+      std::lock_guard<std::mutex> lock(no_meta_mu);
+      ops_without_meta.insert(label);
+    }
+    run_now(op, stack, label);
+    return;
+  } catch (const c10::Error&) {
+    // Meta kernels can be stricter than CPU ones (data-dependent checks):
+    // let the real kernel decide, with the CPU's own error if it fails.
+    run_now(op, stack, label);
+    return;
+  }
+
+  // Allocate results now; the work fills them later.
+  std::vector<IValue> results;
+  std::vector<TensorRecipe> fresh;      // results the work must copy into
+  std::vector<std::pair<size_t, size_t>> fresh_slot;  // (return, list index)
+  for (size_t r = 0; r < meta.size(); ++r) {
+    ReturnAlias alias = return_alias(schema, r);
+    auto aliased = aliased_tensors(args, alias);
+    auto make = [&](const at::Tensor& like, size_t k) {
+      at::Tensor base = k < aliased.size() ? aliased[k] : at::Tensor();
+      at::Tensor t = tpu_result(like, alias, base, device);
+      if (alias.arg < 0) {
+        fresh.push_back(TensorRecipe::of(t));
+        fresh_slot.emplace_back(r, k);
+      }
+      return t;
+    };
+    const IValue& m = meta[r];
+    if (m.isTensor()) {
+      results.emplace_back(m.toTensor().defined() ? make(m.toTensor(), 0) : at::Tensor());
+    } else {
+      c10::List<at::Tensor> list;
+      size_t k = 0;
+      for (const at::Tensor& t : m.toTensorList()) list.push_back(make(t, k++));
+      results.emplace_back(std::move(list));
+    }
+  }
+  // out= arguments may have been resized by the meta kernel: refresh recipes.
+  for (size_t i = 0; i < num_args; ++i) {
+    if (queued[i].kind == QueuedArg::Kind::kTensor && queued[i].tensors[0] && args[i].isTensor() &&
+        args[i].toTensor().device().type() == kTPU) {
+      queued[i].tensors[0] = TensorRecipe::of(args[i].toTensor());
+    }
+  }
+
+  bool pure_view = fresh.empty();
+  for (size_t r = 0; r < meta.size() && pure_view; ++r) pure_view = !return_alias(schema, r).write;
+  bool writes_args = false;
+  for (const auto& a : schema.arguments()) writes_args |= (alias_of(a) && alias_of(a)->isWrite());
+  if (!(pure_view && !writes_args)) {
+    auto& stream = current_vtpu_stream(device);
+    stream.enqueue(label, [op, queued = std::move(queued), fresh = std::move(fresh),
+                           fresh_slot = std::move(fresh_slot)] {
+      AliasBuilder host(c10::kCPU);
+      auto cpu = build_stack(queued, host);
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      op.callBoxed(&cpu);
+      for (size_t i = 0; i < fresh.size(); ++i) {
+        auto [r, k] = fresh_slot[i];
+        const IValue& v = cpu[r];
+        at::Tensor result = v.isTensor() ? v.toTensor() : v.toTensorList().get(k);
+        host.alias(fresh[i]).copy_(result);
+      }
+    });
+  }
+  torch::jit::drop(*stack, num_args);
+  for (auto& v : results) stack->push_back(std::move(v));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+}
+
+}  // namespace torch_tpu

@@ -1,0 +1,52 @@
+#include "aten/host_alias.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+
+namespace torch_tpu {
+
+TensorRecipe TensorRecipe::of(const at::Tensor& t) {
+  TensorRecipe r;
+  r.storage = t.storage();
+  r.sizes = t.sizes().vec();
+  r.strides = t.strides().vec();
+  r.storage_offset = t.storage_offset();
+  r.dtype = t.dtype();
+  r.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
+  return r;
+}
+
+at::Tensor AliasBuilder::alias(const TensorRecipe& r) {
+  const c10::StorageImpl* key = r.storage.unsafeGetStorageImpl();
+  auto it = storages_.find(key);
+  if (it == storages_.end()) {
+    c10::Storage s;
+    size_t nbytes = r.storage.nbytes();
+    if (target_ == c10::DeviceType::Meta) {
+      s = c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                       c10::DataPtr(nullptr, c10::Device(c10::kMeta)), c10::GetAllocator(c10::kMeta),
+                       /*resizable=*/true);
+    } else if (r.storage.device_type() == c10::kCPU) {
+      s = r.storage;  // already host memory
+    } else {
+      // Non-owning: the recipe's storage keeps the memory alive.
+      s = c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                       c10::DataPtr(const_cast<void*>(r.storage.data()), c10::Device(c10::kCPU)),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+    }
+    it = storages_.emplace(key, std::move(s)).first;
+  }
+  auto key_set = c10::DispatchKeySet(target_ == c10::DeviceType::Meta ? c10::DispatchKey::Meta
+                                                                       : c10::DispatchKey::CPU);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second), key_set, r.dtype);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides, r.storage_offset);
+  if (r.wrapped_number) t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+at::Tensor host_alias(const at::Tensor& t) {
+  AliasBuilder builder(c10::DeviceType::CPU);
+  return builder.alias(t);
+}
+
+}  // namespace torch_tpu

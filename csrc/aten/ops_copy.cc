@@ -1,0 +1,106 @@
+// Native tpu kernels: copies between host and chips, scalar reads, fill.
+#include <ATen/ExpandUtils.h>
+#include <torch/library.h>
+
+#include "aten/allocator.h"
+#include "aten/device.h"
+#include "aten/errors.h"
+#include "aten/host_alias.h"
+#include "aten/tensor_factory.h"
+
+namespace torch_tpu {
+namespace {
+
+bool is_pinned(const at::Tensor& t) {
+  return t.device().is_cpu() && t.numel() > 0 && is_pinned_ptr(t.storage().data());
+}
+
+// Queues `dst.copy_(src)` over device memory on `stream`.
+void enqueue_copy(vtpu::Stream& stream, TensorRecipe dst, TensorRecipe src) {
+  stream.enqueue("aten::copy_", [dst = std::move(dst), src = std::move(src)] {
+    AliasBuilder host(c10::kCPU);
+    auto d = host.alias(dst);
+    d.copy_(host.alias(src));
+  });
+}
+
+at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
+  TORCH_CHECK(at::is_expandable_to(src.sizes(), dst.sizes()), "copy_: the source's shape ", src.sizes(),
+              " cannot be broadcast to the destination's shape ", dst.sizes(), " (source ", src.device(),
+              " ", src.scalar_type(), ", destination ", dst.device(), " ", dst.scalar_type(), ")");
+  // Broadcasting copies are expanded first so that both sides have one shape.
+  at::Tensor source = src.sizes() == dst.sizes() ? src : src.expand(dst.sizes());
+  if (dst.numel() == 0) return dst;
+  const bool src_tpu = source.device().type() == kTPU;
+  const bool dst_tpu = dst.device().type() == kTPU;
+
+  if (src_tpu && dst_tpu) {
+    auto& dst_stream = current_vtpu_stream(dst.device().index());
+    if (source.device() != dst.device()) {
+      // Order the copy after the source chip's queued work, and that chip's
+      // later work after the copy.
+      auto& src_stream = current_vtpu_stream(source.device().index());
+      vtpu::Event ready;
+      translate_errors([&] { ready.record(src_stream); ready.block(dst_stream); });
+      enqueue_copy(dst_stream, TensorRecipe::of(dst), TensorRecipe::of(source));
+      vtpu::Event done;
+      translate_errors([&] { done.record(dst_stream); done.block(src_stream); });
+    } else {
+      enqueue_copy(dst_stream, TensorRecipe::of(dst), TensorRecipe::of(source));
+    }
+    return dst;
+  }
+  if (dst_tpu) {  // host -> device
+    TORCH_CHECK(source.device().is_cpu(), "copy_: cannot copy from ", source.device(), " to ", dst.device());
+    auto& stream = current_vtpu_stream(dst.device().index());
+    // Pageable memory may change as soon as we return: queue a snapshot.
+    at::Tensor staged = (non_blocking && is_pinned(src)) ? source : source.clone();
+    enqueue_copy(stream, TensorRecipe::of(dst), TensorRecipe::of(staged));
+    return dst;
+  }
+  // device -> host
+  TORCH_CHECK(dst.device().is_cpu(), "copy_: cannot copy from ", source.device(), " to ", dst.device());
+  auto& stream = current_vtpu_stream(source.device().index());
+  if (non_blocking && is_pinned(dst)) {
+    enqueue_copy(stream, TensorRecipe::of(dst), TensorRecipe::of(source));
+    return dst;
+  }
+  translate_errors([&] { stream.synchronize(); });
+  dst.copy_(host_alias(source));
+  return dst;
+}
+
+at::Tensor copy_from_and_resize_tpu(const at::Tensor& src, const at::Tensor& dst) {
+  if (dst.sizes() != src.sizes()) dst.resize_(src.sizes());
+  return copy_from_tpu(src, dst, false);
+}
+
+at::Scalar local_scalar_dense_tpu(const at::Tensor& self) {
+  auto& stream = current_vtpu_stream(self.device().index());
+  translate_errors([&] { stream.synchronize(); });
+  return host_alias(self).item();
+}
+
+at::Tensor& fill_scalar_tpu_(at::Tensor& self, const at::Scalar& value) {
+  if (self.numel() == 0) return self;
+  auto& stream = current_vtpu_stream(self.device().index());
+  stream.enqueue("aten::fill_", [dst = TensorRecipe::of(self), value] {
+    AliasBuilder host(c10::kCPU);
+    host.alias(dst).fill_(value);
+  });
+  return self;
+}
+
+at::Tensor& zero_tpu_(at::Tensor& self) { return fill_scalar_tpu_(self, 0); }
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_copy_from", TORCH_FN(copy_from_tpu));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize_tpu));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense_tpu));
+  m.impl("fill_.Scalar", TORCH_FN(fill_scalar_tpu_));
+  m.impl("zero_", TORCH_FN(zero_tpu_));
+}
+
+}  // namespace torch_tpu

@@ -1,0 +1,148 @@
+// Native tpu kernels: empty tensors and views.
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+#include "aten/allocator.h"
+#include "aten/device.h"
+#include "aten/tensor_factory.h"
+#include "vtpu/layout.h"
+
+namespace torch_tpu {
+namespace {
+
+void check_options(c10::optional<c10::Layout> layout, c10::optional<c10::Device> device) {
+  if (layout.has_value() && *layout != c10::kStrided) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "tpu tensors support only the strided layout, got ", *layout,
+                                " (sparse and other layouts do not exist on TPU)");
+  }
+  TORCH_CHECK(!device.has_value() || device->type() == kTPU, "expected a tpu device, got ", *device);
+}
+
+c10::DeviceIndex index_of(c10::optional<c10::Device> device) {
+  return resolve_index(device.has_value() && device->has_index() ? device->index() : -1);
+}
+
+at::Tensor empty_strided_tpu(c10::IntArrayRef size, c10::IntArrayRef stride,
+                             c10::optional<c10::ScalarType> dtype, c10::optional<c10::Layout> layout,
+                             c10::optional<c10::Device> device, c10::optional<bool> pin_memory) {
+  check_options(layout, device);
+  return empty_tpu(size, stride, dtype.value_or(c10::get_default_dtype_as_scalartype()), index_of(device));
+}
+
+at::Tensor empty_memory_format_tpu(c10::IntArrayRef size, c10::optional<c10::ScalarType> dtype,
+                                   c10::optional<c10::Layout> layout, c10::optional<c10::Device> device,
+                                   c10::optional<bool> pin_memory,
+                                   c10::optional<c10::MemoryFormat> memory_format) {
+  check_options(layout, device);
+  for (auto s : size) TORCH_CHECK(s >= 0, "empty: negative dimension ", s, " in size ", size);
+  auto t = empty_tpu(size, c10::contiguous_strides(size),
+                     dtype.value_or(c10::get_default_dtype_as_scalartype()), index_of(device));
+  auto format = memory_format.value_or(c10::MemoryFormat::Contiguous);
+  if (format != c10::MemoryFormat::Contiguous) t.unsafeGetTensorImpl()->empty_tensor_restride(format);
+  return t;
+}
+
+}  // namespace
+
+at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                     c10::DeviceIndex device) {
+  chip(device);  // validates the index before anything is allocated
+  auto meta = c10::scalarTypeToTypeMeta(dtype);
+  size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, meta.itemsize());
+  // Strides with gaps can need more bytes than the tiled shape; take the larger.
+  uint64_t physical = std::max(vtpu::physical_bytes(sizes.vec(), meta.itemsize()),
+                               vtpu::physical_bytes_of_buffer(nbytes));
+  auto data = tpu_allocator().allocate_on(device, nbytes, physical);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), &tpu_allocator(),
+                       /*resizable=*/true);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  return t;
+}
+
+void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
+  TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
+  auto device = storage->device().index();
+  auto data = tpu_allocator().allocate_on(device, nbytes, vtpu::physical_bytes_of_buffer(nbytes));
+  size_t keep = std::min(nbytes, storage->nbytes());
+  if (keep > 0) {
+    synchronize_device(device);  // queued work may still write the old bytes
+    std::memcpy(data.get(), storage->data(), keep);
+  }
+  storage->set_data_ptr_noswap(std::move(data));
+  storage->set_nbytes(nbytes);
+}
+
+void set_metadata_like(const at::Tensor& t, const at::Tensor& like) {
+  auto* impl = t.unsafeGetTensorImpl();
+  size_t needed = at::detail::computeStorageNbytes(like.sizes(), like.strides(), t.itemsize(),
+                                                   like.storage_offset());
+  if (needed > t.storage().nbytes()) resize_storage_bytes(t.storage().unsafeGetStorageImpl(), needed);
+  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+}
+
+namespace {
+
+const at::Tensor& resize_tpu_(const at::Tensor& self, c10::IntArrayRef size,
+                              c10::optional<c10::MemoryFormat> memory_format) {
+  for (auto s : size) TORCH_CHECK(s >= 0, "resize_: negative dimension ", s, " in size ", size);
+  auto* impl = self.unsafeGetTensorImpl();
+  if (self.sizes() != size) impl->set_sizes_contiguous(size);
+  size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.itemsize(),
+                                                   self.storage_offset());
+  if (needed > self.storage().nbytes()) resize_storage_bytes(self.storage().unsafeGetStorageImpl(), needed);
+  if (memory_format.has_value()) {
+    TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve, "resize_: unsupported memory format Preserve");
+    impl->empty_tensor_restride(*memory_format);
+  }
+  return self;
+}
+
+at::Tensor& set_storage_tpu_(at::Tensor& self, c10::Storage source, int64_t storage_offset,
+                             c10::IntArrayRef size, c10::IntArrayRef stride) {
+  at::native::checkSetStorage(self, source, storage_offset, size, stride);
+  c10::DimVector strides = stride.data() != nullptr ? c10::DimVector(stride) : c10::contiguous_strides(size);
+  size_t needed = at::detail::computeStorageNbytes(size, strides, self.itemsize(), storage_offset);
+  if (needed > self.storage().nbytes()) resize_storage_bytes(self.storage().unsafeGetStorageImpl(), needed);
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(size, strides, storage_offset);
+  return self;
+}
+
+at::Tensor& set_source_tpu_(at::Tensor& self, c10::Storage source) {
+  int64_t numel = static_cast<int64_t>(source.nbytes() / self.itemsize());
+  return set_storage_tpu_(self, std::move(source), 0, {numel}, {});
+}
+
+at::Tensor& set_tensor_tpu_(at::Tensor& self, const at::Tensor& source) {
+  if (self.is_same(source)) return self;
+  return set_storage_tpu_(self, source.storage(), source.storage_offset(), source.sizes(), source.strides());
+}
+
+at::Tensor& set_empty_tpu_(at::Tensor& self) {
+  auto empty = empty_tpu({0}, {1}, self.scalar_type(), self.device().index());
+  return set_storage_tpu_(self, empty.storage(), 0, {0}, {});
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format_tpu));
+  m.impl("empty_strided", TORCH_FN(empty_strided_tpu));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("resize_", TORCH_FN(resize_tpu_));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_tpu_));
+  m.impl("set_.source_Storage", TORCH_FN(set_source_tpu_));
+  m.impl("set_.source_Tensor", TORCH_FN(set_tensor_tpu_));
+  m.impl("set_", TORCH_FN(set_empty_tpu_));
+}
+
+}  // namespace torch_tpu

@@ -1,0 +1,20 @@
+// Creating and re-shaping tpu tensors (shared by native ops and the fallback).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace torch_tpu {
+
+// A tpu tensor with `sizes`/`strides` on tpu:<device>, its storage taken from
+// the chip's HBM and accounted in physical (tiled) bytes.
+at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                     c10::DeviceIndex device);
+
+// Grows (or shrinks) a tpu storage to `nbytes`, keeping its contents.
+void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);
+
+// Gives tpu tensor `t` the sizes, strides and offset of `like` (a meta or
+// host tensor), growing its storage when it does not fit.
+void set_metadata_like(const at::Tensor& t, const at::Tensor& like);
+
+}  // namespace torch_tpu

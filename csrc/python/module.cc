@@ -1,0 +1,120 @@
+// torch_tpu._C: Python bindings of the runtime, nothing else.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/Generator.h>
+
+#include "aten/allocator.h"
+#include "aten/device.h"
+#include "aten/errors.h"
+#include "aten/generator.h"
+#include "vtpu/layout.h"
+#include "vtpu/runtime.h"
+
+namespace py = pybind11;
+
+namespace torch_tpu {
+void register_hooks();  // hooks.cc
+}
+
+namespace {
+
+using namespace torch_tpu;
+
+
+py::dict spec_dict(const vtpu::ChipSpec& s) {
+  py::dict d;
+  d["generation"] = s.generation;
+  d["device_name"] = s.device_name;
+  d["peak_bf16_flops"] = s.peak_bf16_flops;
+  d["hbm_bytes"] = s.hbm_bytes;
+  d["hbm_bandwidth"] = s.hbm_bandwidth;
+  d["vmem_bytes"] = s.vmem_bytes;
+  d["mxu_size"] = s.mxu_size;
+  d["mxus_per_tensorcore"] = s.mxus_per_tensorcore;
+  d["tensorcores_per_chip"] = s.tensorcores_per_chip;
+  d["ici_links"] = s.ici_links;
+  d["ici_link_bandwidth"] = s.ici_link_bandwidth;
+  d["torus_dims"] = s.torus_dims;
+  d["chips_per_host"] = s.chips_per_host;
+  return d;
+}
+
+py::dict memory_stats_dict(c10::DeviceIndex index) {
+  auto s = chip(resolve_index(index)).hbm().stats();
+  py::dict d;
+  d["allocated_bytes"] = s.allocated_bytes;
+  d["allocated_bytes_peak"] = s.allocated_bytes_peak;
+  d["logical_bytes"] = s.logical_bytes;
+  d["logical_bytes_peak"] = s.logical_bytes_peak;
+  d["reserved_bytes"] = s.reserved_bytes;
+  d["reserved_bytes_peak"] = s.reserved_bytes_peak;
+  d["capacity_bytes"] = s.capacity_bytes;
+  d["largest_free_block"] = s.largest_free_block;
+  d["num_allocs"] = s.num_allocs;
+  d["num_frees"] = s.num_frees;
+  d["active_blocks"] = s.active_blocks;
+  d["segments"] = s.segments;
+  d["num_alloc_retries"] = s.num_alloc_retries;
+  d["num_ooms"] = s.num_ooms;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_tpu runtime bindings";
+  m.attr("_DEVICE_TYPE") = static_cast<int>(kTPU);
+  m.def("_init", [] { translate_errors([] { register_hooks(); runtime(); }); });
+  m.def("_device_count", [] { return translate_errors([] { return static_cast<int>(device_count()); }); });
+  m.def("_current_device", [] { return static_cast<int>(current_device()); });
+  m.def("_set_device", [](int i) { translate_errors([&] { set_current_device(static_cast<c10::DeviceIndex>(i)); }); });
+  m.def("_synchronize", [](int i) { synchronize_device(static_cast<c10::DeviceIndex>(i)); },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_memory_stats", [](int i) { return translate_errors([&] { return memory_stats_dict(i); }); });
+  m.def("_empty_cache", [] { tpu_allocator().emptyCache(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("_reset_peak_memory_stats", [](int i) { translate_errors([&] { tpu_allocator().resetPeakStats(i); }); });
+  m.def("_default_generator", [](int i) {
+    return py::reinterpret_steal<py::object>(
+        THPGenerator_initDefaultGenerator(translate_errors([&] { return default_generator(i); })));
+  });
+  m.def("_topology", [] {
+    return translate_errors([] {
+      const auto& t = runtime().topology();
+      py::dict d;
+      d["name"] = t.name();
+      d["shape"] = py::make_tuple(t.shape()[0], t.shape()[1], t.shape()[2]);
+      d["num_chips"] = t.num_chips();
+      d["num_hosts"] = t.num_hosts();
+      d["chips_per_host"] = t.chips_per_host();
+      d["wraps"] = py::make_tuple(t.wraps(0), t.wraps(1), t.wraps(2));
+      d["spec"] = spec_dict(t.spec());
+      return d;
+    });
+  });
+  m.def("_chip_info", [](int i) {
+    return translate_errors([&] {
+      auto& c = chip(resolve_index(i));
+      const auto& t = runtime().topology();
+      py::dict d;
+      d["index"] = c.index();
+      d["global_id"] = c.global_id();
+      auto xyz = c.coords();
+      d["coords"] = py::make_tuple(xyz[0], xyz[1], xyz[2]);
+      d["host"] = t.host_of(c.global_id());
+      d["neighbours"] = t.neighbours(c.global_id());
+      d["hbm_bytes"] = c.hbm().capacity();
+      return d;
+    });
+  });
+  m.def("_parse_topology", [](const std::string& name) {
+    return translate_errors([&] {
+      auto t = vtpu::Topology::parse(name);
+      return py::make_tuple(t.name(), t.spec().generation, t.num_chips(),
+                            py::make_tuple(t.shape()[0], t.shape()[1], t.shape()[2]));
+    });
+  });
+  m.def("_hops", [](int a, int b) { return translate_errors([&] { return runtime().topology().hops(a, b); }); });
+  m.def("_physical_bytes", [](std::vector<int64_t> shape, int64_t element_size) {
+    return vtpu::physical_bytes(shape, element_size);
+  });
+}

@@ -1,0 +1,29 @@
+"""torch_tpu: PyTorch on TPUs, running on the vTPU (a software model of a Cloud TPU chip).
+
+``import torch_tpu`` (or just ``import torch`` once installed, through the
+``torch.backends`` autoload entry point) makes ``torch.device("tpu")`` a real
+PyTorch device. See README.md and DESIGN.md.
+"""
+
+import torch
+
+from . import _C
+
+_C._init()
+torch.utils.rename_privateuse1_backend("tpu")
+
+from . import tpu as _tpu_module  # noqa: E402
+
+torch._register_device_module("tpu", _tpu_module)
+torch.utils.generate_methods_for_privateuse1_backend(
+    for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+)
+
+__version__ = "0.1.0"
+
+
+def _autoload():
+    """Entry point of the ``torch.backends`` group: importing this module did the work."""
+
+
+__all__ = ["__version__"]

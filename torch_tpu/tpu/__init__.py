@@ -1,0 +1,218 @@
+"""``torch.tpu``: the tpu device module (mirrors ``torch.cuda`` where it makes sense).
+
+Each tpu device is one vTPU chip of this host. Memory figures are bytes; those
+named ``physical`` count the TPU's tiled HBM layout (minor two dimensions
+padded to (8,128) tiles for 32-bit types, (16,128) for 16-bit, (32,128) for
+8-bit), ``logical`` the bytes tensors asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import torch
+
+from .. import _C
+from .memory import (  # noqa: F401
+    empty_cache,
+    max_memory_allocated,
+    max_memory_reserved,
+    mem_get_info,
+    memory_allocated,
+    memory_reserved,
+    memory_stats,
+    memory_summary,
+    reset_peak_memory_stats,
+)
+from .random import (  # noqa: F401
+    default_generators,
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
+from . import _utils  # noqa: F401
+from ._utils import _device_index
+
+_initialized = False
+
+_DeviceLike = Union[torch.device, str, int, None]
+
+
+def init() -> None:
+    """Initialise the runtime (reads the topology). Raises ValueError for a bad topology."""
+    global _initialized
+    _C._init()
+    _initialized = True
+
+
+def is_initialized() -> bool:
+    return _initialized
+
+
+def is_available() -> bool:
+    """True when at least one vTPU chip is visible (always, unless TPU_VISIBLE_CHIPS is empty)."""
+    try:
+        return _C._device_count() > 0
+    except Exception:
+        return False
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def device_count() -> int:
+    """Number of chips of this host visible to the process (TPU_VISIBLE_CHIPS restricts it)."""
+    return _C._device_count()
+
+
+def current_device() -> int:
+    return _C._current_device()
+
+
+def set_device(device: _DeviceLike) -> None:
+    """Select the current tpu. Raises IndexError for an index outside [0, device_count())."""
+    _C._set_device(_device_index(device))
+
+
+class device:
+    """Context manager that selects a tpu device for its block (like ``torch.cuda.device``)."""
+
+    def __init__(self, device: _DeviceLike):
+        self.idx = _device_index(device, optional=True)
+        self.prev_idx = -1
+
+    def __enter__(self):
+        self.prev_idx = current_device()
+        if self.idx is not None and self.idx >= 0:
+            set_device(self.idx)
+
+    def __exit__(self, *args: Any) -> bool:
+        set_device(self.prev_idx)
+        return False
+
+
+def synchronize(device: _DeviceLike = None) -> None:
+    """Wait for all queued work of the chip; raises RuntimeError if queued work failed."""
+    _C._synchronize(_device_index(device))
+
+
+class Stream(torch.Stream):
+    """A tpu stream: an in-order work queue of a chip, run by its own worker."""
+
+    def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs):
+        if "stream_id" in kwargs:
+            return super().__new__(cls, **kwargs)
+        idx = _device_index(device)
+        with torch.tpu.device(idx):
+            return super().__new__(cls, device=torch.device("tpu", idx), priority=priority)
+
+
+class Event(torch.Event):
+    """A marker in a tpu stream (``record``, ``query``, ``synchronize``, ``wait``, ``elapsed_time`` in ms)."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        return super().__new__(cls, device="tpu", enable_timing=enable_timing, blocking=blocking,
+                               interprocess=interprocess)
+
+
+def current_stream(device: _DeviceLike = None) -> torch.Stream:
+    return torch.accelerator.current_stream(torch.device("tpu", _device_index(device)))
+
+
+def default_stream(device: _DeviceLike = None) -> torch.Stream:
+    """The chip's default stream (id 0), where work goes unless a stream context says otherwise."""
+    return torch.Stream(stream_id=0, device_index=_device_index(device), device_type=_C._DEVICE_TYPE)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    torch.accelerator.set_stream(stream)
+
+
+@contextlib.contextmanager
+def stream(stream: Optional[torch.Stream]):
+    """Make ``stream`` the current stream of its device inside the block (None: no change)."""
+    if stream is None:
+        yield
+        return
+    prev_device = current_device()
+    prev = current_stream(stream.device_index)
+    set_device(stream.device_index)
+    torch.accelerator.set_stream(stream)
+    try:
+        yield
+    finally:
+        torch.accelerator.set_stream(prev)
+        set_device(prev_device)
+
+
+@dataclass(frozen=True)
+class _TPUDeviceProperties:
+    name: str
+    generation: str
+    total_memory: int  # HBM bytes (capacity the allocator enforces)
+    coords: tuple  # (x, y, z) of the chip in the slice
+    global_id: int  # chip id in the slice
+    host: int
+    topology: str
+    peak_bf16_flops: float  # FLOP/s
+    hbm_bandwidth: float  # bytes/s
+    vmem_bytes: int
+    mxu_size: int
+    tensorcores_per_chip: int
+    ici_links: int
+    ici_link_bandwidth: float  # bytes/s per link
+    multi_processor_count: int  # TensorCores (what torch.cuda calls SMs)
+
+
+def get_device_properties(device: _DeviceLike = None) -> _TPUDeviceProperties:
+    idx = _device_index(device)
+    info = _C._chip_info(idx)
+    topo = _C._topology()
+    spec = topo["spec"]
+    return _TPUDeviceProperties(
+        name=spec["device_name"], generation=spec["generation"], total_memory=info["hbm_bytes"],
+        coords=info["coords"], global_id=info["global_id"], host=info["host"], topology=topo["name"],
+        peak_bf16_flops=spec["peak_bf16_flops"], hbm_bandwidth=spec["hbm_bandwidth"],
+        vmem_bytes=spec["vmem_bytes"], mxu_size=spec["mxu_size"],
+        tensorcores_per_chip=spec["tensorcores_per_chip"], ici_links=spec["ici_links"],
+        ici_link_bandwidth=spec["ici_link_bandwidth"],
+        multi_processor_count=spec["tensorcores_per_chip"])
+
+
+def get_device_name(device: _DeviceLike = None) -> str:
+    """E.g. ``"TPU v6e"``, ``"TPU v5p"``, ``"TPU7x"``."""
+    return get_device_properties(device).name
+
+
+def get_device_capability(device: _DeviceLike = None) -> dict:
+    return {"generation": get_device_properties(device).generation}
+
+
+def get_amp_supported_dtype() -> list:
+    """Autocast dtypes on tpu: bfloat16 (the MXU's native type) and float16."""
+    return [torch.bfloat16, torch.float16]
+
+
+def topology() -> dict:
+    """The slice this process belongs to: name, shape (x, y, z), chips, hosts, wraparound, chip spec."""
+    return _C._topology()
+
+
+__all__ = [
+    "Event", "Stream", "current_device", "current_stream", "default_stream", "device", "device_count",
+    "empty_cache", "get_amp_supported_dtype", "get_device_name", "get_device_properties",
+    "get_rng_state", "get_rng_state_all", "init", "initial_seed", "is_available", "is_bf16_supported",
+    "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved",
+    "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
+    "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
+    "set_stream", "stream", "synchronize", "topology",
+]

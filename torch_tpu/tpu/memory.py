@@ -1,0 +1,103 @@
+"""HBM memory statistics of tpu devices, with ``torch.cuda``'s key names.
+
+``allocated``/``reserved``/``active`` figures are *physical* bytes: what the
+tensors occupy in the TPU's tiled layout. ``requested_bytes`` and
+``logical_bytes`` are the bytes the tensors asked for.
+"""
+
+from collections import OrderedDict
+from typing import Any, Dict
+
+from .. import _C
+from ._utils import _device_index
+
+
+def _raw(device) -> Dict[str, int]:
+    return _C._memory_stats(_device_index(device))
+
+
+def memory_stats(device=None) -> Dict[str, Any]:
+    """CUDA-style keys (``allocated_bytes.all.current``, ``reserved_bytes.all.peak``,
+    ``num_alloc_retries``, ``num_ooms``, ...) plus ``physical_bytes.*``,
+    ``logical_bytes.*``, ``capacity_bytes`` and ``largest_free_block``."""
+    s = _raw(device)
+    out = OrderedDict()
+    for key, cur, peak in [
+        ("allocated_bytes", s["allocated_bytes"], s["allocated_bytes_peak"]),
+        ("active_bytes", s["allocated_bytes"], s["allocated_bytes_peak"]),
+        ("reserved_bytes", s["reserved_bytes"], s["reserved_bytes_peak"]),
+        ("requested_bytes", s["logical_bytes"], s["logical_bytes_peak"]),
+        ("physical_bytes", s["allocated_bytes"], s["allocated_bytes_peak"]),
+        ("logical_bytes", s["logical_bytes"], s["logical_bytes_peak"]),
+    ]:
+        out[f"{key}.all.current"] = cur
+        out[f"{key}.all.peak"] = peak
+    out["allocation.all.current"] = s["active_blocks"]
+    out["allocation.all.allocated"] = s["num_allocs"]
+    out["allocation.all.freed"] = s["num_frees"]
+    out["active.all.current"] = s["active_blocks"]
+    out["segment.all.current"] = s["segments"]
+    out["num_alloc_retries"] = s["num_alloc_retries"]
+    out["num_ooms"] = s["num_ooms"]
+    out["capacity_bytes"] = s["capacity_bytes"]
+    out["largest_free_block"] = s["largest_free_block"]
+    return out
+
+
+def memory_allocated(device=None) -> int:
+    """Physical HBM bytes held by live tensors on the device."""
+    return _raw(device)["allocated_bytes"]
+
+
+def max_memory_allocated(device=None) -> int:
+    return _raw(device)["allocated_bytes_peak"]
+
+
+def memory_reserved(device=None) -> int:
+    """Physical HBM bytes reserved by the caching allocator (live + cached)."""
+    return _raw(device)["reserved_bytes"]
+
+
+def max_memory_reserved(device=None) -> int:
+    return _raw(device)["reserved_bytes_peak"]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _C._reset_peak_memory_stats(_device_index(device))
+
+
+def empty_cache() -> None:
+    """Release cached HBM segments that hold no tensor."""
+    _C._empty_cache()
+
+
+def mem_get_info(device=None):
+    """(free, total) HBM bytes: capacity minus reserved, and capacity."""
+    s = _raw(device)
+    return s["capacity_bytes"] - s["reserved_bytes"], s["capacity_bytes"]
+
+
+def _fmt(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.2f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return str(n)
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A printable table of the device's memory statistics."""
+    idx = _device_index(device)
+    s = _raw(idx)
+    rows = [
+        ("Allocated (physical)", s["allocated_bytes"], s["allocated_bytes_peak"]),
+        ("Requested (logical)", s["logical_bytes"], s["logical_bytes_peak"]),
+        ("Reserved", s["reserved_bytes"], s["reserved_bytes_peak"]),
+    ]
+    lines = [f"tpu:{idx} HBM memory summary (capacity {_fmt(s['capacity_bytes'])})",
+             f"{'':24}{'current':>14}{'peak':>14}"]
+    lines += [f"{name:24}{_fmt(cur):>14}{_fmt(peak):>14}" for name, cur, peak in rows]
+    lines.append(f"{'Largest free block':24}{_fmt(s['largest_free_block']):>14}")
+    lines.append(f"allocations {s['num_allocs']}, frees {s['num_frees']}, segments {s['segments']}, "
+                 f"alloc retries {s['num_alloc_retries']}, OOMs {s['num_ooms']}")
+    return "\n".join(lines)

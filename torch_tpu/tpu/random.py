@@ -1,0 +1,71 @@
+"""Random number generation on tpu: one generator per chip.
+
+Random ops run on the chip's stream; seeding waits for queued work first, so
+a seed applies exactly to the ops issued after it.
+"""
+
+from typing import Iterable, List
+
+import torch
+
+from .. import _C
+from ._utils import _device_index
+
+
+class _DefaultGenerators:
+    def __getitem__(self, i: int) -> torch.Generator:
+        return _C._default_generator(i)
+
+    def __len__(self) -> int:
+        return torch.tpu.device_count()
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+default_generators = _DefaultGenerators()
+
+
+def _gen(device) -> torch.Generator:
+    return _C._default_generator(_device_index(device))
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the current chip's generator."""
+    _gen(None).manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    for g in default_generators:
+        g.manual_seed(int(seed))
+
+
+def seed() -> None:
+    _gen(None).seed()
+
+
+def seed_all() -> None:
+    for g in default_generators:
+        g.seed()
+
+
+def initial_seed() -> int:
+    return _gen(None).initial_seed()
+
+
+def get_rng_state(device="tpu") -> torch.Tensor:
+    """The generator state as a CPU uint8 tensor."""
+    return _gen(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+    _gen(device).set_state(new_state.cpu())
+
+
+def get_rng_state_all() -> List[torch.Tensor]:
+    return [g.get_state() for g in default_generators]
+
+
+def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
+    for g, state in zip(default_generators, new_states):
+        g.set_state(state.cpu())
