@@ -24,7 +24,8 @@ class OutOfMemoryError : public std::runtime_error {
 };
 
 struct MemoryStats {
-  uint64_t allocated_bytes = 0;         // physical bytes in live blocks
+  uint64_t allocated_bytes = 0;         // physical bytes in live blocks (requests
+                                        // rounded up to 512 B)
   uint64_t allocated_bytes_peak = 0;
   uint64_t logical_bytes = 0;           // bytes the tensors asked for
   uint64_t logical_bytes_peak = 0;

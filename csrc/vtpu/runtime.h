@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "vtpu/hbm_allocator.h"
@@ -46,6 +47,12 @@ class Runtime {
   const Topology& topology() const { return topology_; }
   int device_count() const { return static_cast<int>(chips_.size()); }
   Chip& chip(int index);  // throws std::out_of_range naming the valid range
+
+  // The environment parsers, public so they can be tested without a restart.
+  // TORCH_TPU_HBM_BYTES: "17179869184", "16GiB", "512MiB", "16GB".
+  static uint64_t parse_hbm_bytes(const std::string& value);
+  // TPU_VISIBLE_CHIPS: "0,2,3"; ids in [0, num_chips), no repeats; "" = none.
+  static std::vector<int> parse_visible_chips(const std::string& value, int num_chips);
 
  private:
   Runtime();

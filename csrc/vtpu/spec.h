@@ -26,6 +26,7 @@ struct ChipSpec {
   int torus_dims;            // 2 (v5e, v6e) or 3 (v4, v5p, tpu7x)
   int chips_per_host;        // chips attached to one host VM in a multi-host slice
   bool names_count_tensorcores;  // "v5p-8" = 8 TensorCores = 4 chips
+  int pod_chips;             // chips in a full pod: the largest slice
 };
 
 // Throws std::invalid_argument listing the valid generations.

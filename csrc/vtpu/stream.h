@@ -45,6 +45,8 @@ class Stream {
 
  private:
   void run();
+  // Clears the pending error and throws it as AsyncError. Needs mu_ held.
+  [[noreturn]] void raise_pending_error();
   int chip_;
   int64_t id_;
   mutable std::mutex mu_;
@@ -53,6 +55,7 @@ class Stream {
   bool busy_ = false;
   bool stop_ = false;
   std::string error_;  // empty when no error is pending
+  std::string error_op_, error_what_;  // the parts of error_: "<op>: <what>"
   std::thread worker_;
 };
 

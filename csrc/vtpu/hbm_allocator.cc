@@ -1,0 +1,337 @@
+// Caching allocator for one chip's HBM, in the manner of PyTorch's CUDA
+// caching allocator: two pools (small requests share 2 MiB segments, large
+// ones get their own segment rounded up to 2 MiB), best-fit blocks split on
+// allocation and coalesced on free, cached segments released only when a new
+// one would not fit the capacity (or on empty_cache()).
+//
+// Accounting: every request is rounded up to kAlignment (512 B). A block can
+// be larger than its rounded request when the remainder was too small to split
+// off; allocated_bytes counts the rounded requests, reserved_bytes the whole
+// segments, so such slack shows in reserved but not in allocated.
+#include "vtpu/hbm_allocator.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace vtpu {
+
+constexpr uint64_t kAlignment = 512;
+constexpr uint64_t kSmallRequest = 1ull << 20;  // <= 1 MiB: small pool
+constexpr uint64_t kSmallSegment = 2ull << 20;  // small pool segment size
+constexpr uint64_t kLargeRounding = 2ull << 20;  // large segments: multiple of 2 MiB
+
+struct Segment;
+
+struct Block {
+  Segment* segment;
+  char* addr;
+  uint64_t size;           // bytes the block spans
+  uint64_t requested = 0;  // rounded request while allocated
+  uint64_t logical = 0;    // logical bytes of the request while allocated
+  bool allocated = false;
+  Block* prev = nullptr;   // address-ordered neighbours within the segment
+  Block* next = nullptr;
+};
+
+struct Segment {
+  char* base;
+  uint64_t size;         // bytes reserved against capacity
+  uint64_t mapped;       // bytes mapped (size rounded up to the page size)
+  bool small;
+  Block* head;           // block at offset 0; survives every coalesce
+  uint64_t live_blocks = 0;
+};
+
+namespace {
+
+struct BySizeThenAddress {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->size != b->size) return a->size < b->size;
+    return a->addr < b->addr;
+  }
+};
+using FreeSet = std::set<Block*, BySizeThenAddress>;
+
+uint64_t round_up(uint64_t value, uint64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (1ull << 30)) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1ull << 30));
+  } else if (bytes >= (1ull << 20)) {
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1ull << 20));
+  } else if (bytes >= (1ull << 10)) {
+    std::snprintf(buf, sizeof buf, "%.2f KiB", b / (1ull << 10));
+  } else {
+    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(bytes));
+  }
+  return buf;
+}
+
+}  // namespace
+
+struct HbmAllocator::Impl {
+  int chip;
+  uint64_t capacity;
+  mutable std::mutex mu;
+  FreeSet small_free, large_free;
+  std::set<Segment*> segments;
+  std::map<const char*, Block*> live;  // allocated blocks by address
+  MemoryStats stats;                   // counters; derived fields filled in stats()
+
+  FreeSet& pool(bool small) { return small ? small_free : large_free; }
+
+  void note_peaks() {
+    stats.allocated_bytes_peak = std::max(stats.allocated_bytes_peak, stats.allocated_bytes);
+    stats.logical_bytes_peak = std::max(stats.logical_bytes_peak, stats.logical_bytes);
+    stats.reserved_bytes_peak = std::max(stats.reserved_bytes_peak, stats.reserved_bytes);
+  }
+
+  // Largest request allocate() could serve right now without failing: a cached
+  // free block, or a new segment in the capacity left once fully free cached
+  // segments are released (allocate() releases them before giving up).
+  uint64_t largest_free_block() const {
+    uint64_t largest = 0;
+    if (!small_free.empty()) largest = (*small_free.rbegin())->size;
+    if (!large_free.empty()) largest = std::max(largest, (*large_free.rbegin())->size);
+    uint64_t releasable = 0;
+    for (const Segment* s : segments) {
+      if (s->live_blocks == 0) releasable += s->size;
+    }
+    const uint64_t held = stats.reserved_bytes - releasable;
+    const uint64_t unreserved = capacity > held ? capacity - held : 0;
+    return std::max(largest, unreserved / kAlignment * kAlignment);
+  }
+
+  Block* take_best_fit(uint64_t size, bool small) {
+    FreeSet& free_set = pool(small);
+    Block key{nullptr, nullptr, size};
+    auto it = free_set.lower_bound(&key);
+    if (it == free_set.end()) return nullptr;
+    Block* block = *it;
+    free_set.erase(it);
+    return block;
+  }
+
+  // Keeps `size` bytes in `block`, returning the rest to the pool when it is
+  // worth a block of its own (large pool: only remainders above 1 MiB, which a
+  // large request could use; as in the CUDA allocator).
+  void split(Block* block, uint64_t size) {
+    const uint64_t rest = block->size - size;
+    const bool small = block->segment->small;
+    if (small ? rest < kAlignment : rest <= kSmallRequest) return;
+    Block* tail = new Block{block->segment, block->addr + size, rest};
+    tail->prev = block;
+    tail->next = block->next;
+    if (block->next) block->next->prev = tail;
+    block->next = tail;
+    block->size = size;
+    pool(small).insert(tail);
+  }
+
+  Segment* map_segment(uint64_t size, bool small) {
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    const uint64_t mapped = round_up(size, page);
+    void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) {
+      ++stats.num_ooms;
+      throw OutOfMemoryError("tpu:" + std::to_string(chip) + " could not map " +
+                             format_bytes(mapped) + " of host memory to back HBM: " +
+                             std::strerror(errno));
+    }
+    auto* segment = new Segment{static_cast<char*>(base), size, mapped, small, nullptr};
+    segment->head = new Block{segment, segment->base, size};
+    segments.insert(segment);
+    stats.reserved_bytes += size;
+    ++stats.segments;
+    note_peaks();
+    return segment;
+  }
+
+  void unmap_segment(Segment* segment) {
+    pool(segment->small).erase(segment->head);
+    delete segment->head;
+    munmap(segment->base, segment->mapped);
+    stats.reserved_bytes -= segment->size;
+    --stats.segments;
+    segments.erase(segment);
+    delete segment;
+  }
+
+  // Frees coalesce completely, so a segment without live blocks is one free block.
+  void release_free_segments() {
+    std::vector<Segment*> idle;
+    for (Segment* s : segments) {
+      if (s->live_blocks == 0) idle.push_back(s);
+    }
+    for (Segment* s : idle) unmap_segment(s);
+  }
+
+  [[noreturn]] void out_of_memory(uint64_t physical, uint64_t logical) {
+    ++stats.num_ooms;
+    throw OutOfMemoryError(
+        "tpu:" + std::to_string(chip) + " out of HBM memory: tried to allocate " +
+        format_bytes(physical) + " (physical, tiled layout; " + format_bytes(logical) +
+        " logical); capacity " + format_bytes(capacity) + ", " +
+        format_bytes(stats.allocated_bytes) + " allocated, " +
+        format_bytes(stats.reserved_bytes) + " reserved, largest free block " +
+        format_bytes(largest_free_block()));
+  }
+
+  // A new segment for a `size`-byte request; releases cached segments when the
+  // capacity is reached, and as a last resort reserves just the request.
+  Segment* new_segment(uint64_t size, bool small, uint64_t physical, uint64_t logical) {
+    const uint64_t preferred = small ? kSmallSegment : round_up(size, kLargeRounding);
+    auto fits = [&](uint64_t bytes) {
+      return bytes <= capacity - std::min(capacity, stats.reserved_bytes);
+    };
+    if (fits(preferred)) return map_segment(preferred, small);
+    ++stats.num_alloc_retries;
+    release_free_segments();
+    if (fits(preferred)) return map_segment(preferred, small);
+    if (fits(size)) return map_segment(size, small);
+    out_of_memory(physical, logical);
+  }
+};
+
+HbmAllocator::HbmAllocator(int chip, uint64_t capacity_bytes)
+    : impl_(new Impl), chip_(chip), capacity_(capacity_bytes) {
+  impl_->chip = chip;
+  impl_->capacity = capacity_bytes;
+}
+
+HbmAllocator::~HbmAllocator() {
+  // Blocks still live at teardown are reclaimed with their segments.
+  for (Segment* segment : impl_->segments) {
+    for (Block* b = segment->head; b != nullptr;) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
+    munmap(segment->base, segment->mapped);
+    delete segment;
+  }
+  delete impl_;
+}
+
+Block* HbmAllocator::allocate(uint64_t logical, uint64_t physical) {
+  if (physical < logical) {
+    throw std::invalid_argument("tpu:" + std::to_string(chip_) + " allocation of " +
+                                std::to_string(logical) + " logical bytes asks for only " +
+                                std::to_string(physical) + " physical bytes");
+  }
+  if (physical == 0) return nullptr;
+  if (physical > UINT64_MAX - kAlignment) {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->out_of_memory(physical, logical);
+  }
+  const uint64_t size = round_up(physical, kAlignment);
+  const bool small = size <= kSmallRequest;
+
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Block* block = impl_->take_best_fit(size, small);
+  if (block == nullptr) block = impl_->new_segment(size, small, physical, logical)->head;
+  impl_->split(block, size);
+  block->allocated = true;
+  block->requested = size;
+  block->logical = logical;
+  ++block->segment->live_blocks;
+  impl_->live.emplace(block->addr, block);
+
+  MemoryStats& s = impl_->stats;
+  s.allocated_bytes += size;
+  s.logical_bytes += logical;
+  ++s.num_allocs;
+  ++s.active_blocks;
+  impl_->note_peaks();
+  return block;
+}
+
+void HbmAllocator::free(Block* block) {
+  if (block == nullptr) return;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->live.find(block->addr);
+  if (it == impl_->live.end() || it->second != block) {
+    throw std::invalid_argument("tpu:" + std::to_string(chip_) +
+                                " free of a block that is not live in this allocator "
+                                "(freed twice, or from another chip)");
+  }
+  impl_->live.erase(it);
+
+  MemoryStats& s = impl_->stats;
+  s.allocated_bytes -= block->requested;
+  s.logical_bytes -= block->logical;
+  ++s.num_frees;
+  --s.active_blocks;
+  --block->segment->live_blocks;
+  block->allocated = false;
+  block->requested = 0;
+  block->logical = 0;
+
+  FreeSet& free_set = impl_->pool(block->segment->small);
+  if (block->prev != nullptr && !block->prev->allocated) {
+    Block* prev = block->prev;
+    free_set.erase(prev);
+    prev->size += block->size;
+    prev->next = block->next;
+    if (block->next) block->next->prev = prev;
+    delete block;
+    block = prev;
+  }
+  if (block->next != nullptr && !block->next->allocated) {
+    Block* next = block->next;
+    free_set.erase(next);
+    block->size += next->size;
+    block->next = next->next;
+    if (next->next) next->next->prev = block;
+    delete next;
+  }
+  free_set.insert(block);
+}
+
+void* HbmAllocator::data(const Block* block) { return block ? block->addr : nullptr; }
+
+uint64_t HbmAllocator::size(const Block* block) { return block ? block->size : 0; }
+
+void HbmAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->release_free_segments();
+}
+
+MemoryStats HbmAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  MemoryStats s = impl_->stats;
+  s.capacity_bytes = capacity_;
+  s.largest_free_block = impl_->largest_free_block();
+  return s;
+}
+
+void HbmAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  MemoryStats& s = impl_->stats;
+  s.allocated_bytes_peak = s.allocated_bytes;
+  s.logical_bytes_peak = s.logical_bytes;
+  s.reserved_bytes_peak = s.reserved_bytes;
+}
+
+bool HbmAllocator::owns(const void* ptr) const {
+  const char* p = static_cast<const char*>(ptr);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->live.upper_bound(p);
+  if (it == impl_->live.begin()) return false;
+  --it;
+  const Block* b = it->second;
+  return p >= b->addr && p < b->addr + b->size;
+}
+
+}  // namespace vtpu

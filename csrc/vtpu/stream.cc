@@ -1,0 +1,157 @@
+// Streams (one worker thread each, in-order) and events (markers in a stream).
+#include "vtpu/stream.h"
+
+#include <stdexcept>
+#include <utility>
+
+namespace vtpu {
+
+Stream::Stream(int chip, int64_t id) : chip_(chip), id_(id) {
+  worker_ = std::thread(&Stream::run, this);
+}
+
+Stream::~Stream() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  worker_.join();  // run() drains the queue before it returns
+}
+
+void Stream::enqueue(std::string op_name, std::function<void()> work) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.emplace_back(std::move(op_name), std::move(work));
+  }
+  work_cv_.notify_one();
+}
+
+void Stream::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_ and drained
+    auto [op_name, work] = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+
+    std::string failure;
+    bool failed = false;
+    try {
+      work();
+    } catch (const std::exception& e) {
+      failed = true;
+      failure = e.what();
+    } catch (...) {
+      failed = true;
+      failure = "unknown error";
+    }
+    // Destroy the closure before reporting idle: it may hold the last
+    // reference to memory the caller waits to see released.
+    work = nullptr;
+
+    lock.lock();
+    if (failed && error_.empty()) {
+      error_op_ = op_name;
+      error_what_ = failure;
+      error_ = op_name + ": " + failure;
+    }
+    busy_ = false;
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+}
+
+void Stream::raise_pending_error() {
+  const std::string message = "error in asynchronously executed op '" + error_op_ +
+                              "' on tpu:" + std::to_string(chip_) + ": " + error_what_;
+  error_.clear();
+  error_op_.clear();
+  error_what_.clear();
+  throw AsyncError(message);
+}
+
+void Stream::synchronize() {
+  if (on_worker_thread()) {
+    throw std::logic_error("tpu:" + std::to_string(chip_) + " stream " + std::to_string(id_) +
+                           ": synchronize() called from work running on the same stream "
+                           "would wait for itself");
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
+  if (!error_.empty()) raise_pending_error();
+}
+
+bool Stream::query() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.empty() && !busy_;
+}
+
+void Stream::check_error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!error_.empty()) raise_pending_error();
+}
+
+bool Stream::on_worker_thread() const { return std::this_thread::get_id() == worker_.get_id(); }
+
+void Event::record(Stream& stream) {
+  auto state = std::make_shared<State>();
+  stream.enqueue("event_record", [state] {
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->when = std::chrono::steady_clock::now();
+      state->done = true;
+    }
+    state->cv.notify_all();
+  });
+  state_ = std::move(state);
+}
+
+bool Event::query() const {
+  if (!state_) return true;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+void Event::synchronize() const {
+  if (!state_) return;
+  std::unique_lock<std::mutex> lock(state_->mu);
+  state_->cv.wait(lock, [this] { return state_->done; });
+}
+
+void Event::block(Stream& stream) {
+  if (!state_) return;  // never recorded: nothing to wait for
+  std::shared_ptr<State> state = state_;
+  stream.enqueue("event_wait", [state] {
+    std::unique_lock<std::mutex> lock(state->mu);
+    state->cv.wait(lock, [&state] { return state->done; });
+  });
+}
+
+double Event::elapsed_ms(const Event& end) const {
+  if (!enable_timing_ || !end.enable_timing_) {
+    throw std::logic_error("elapsed_ms: both events must be created with enable_timing=true");
+  }
+  if (!state_ || !end.state_) {
+    throw std::logic_error("elapsed_ms: both events must be recorded first");
+  }
+  if (!query() || !end.query()) {
+    throw std::logic_error(
+        "elapsed_ms: both events must have completed (synchronize one of them first)");
+  }
+  std::chrono::steady_clock::time_point start_time, end_time;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    start_time = state_->when;
+  }
+  {
+    std::lock_guard<std::mutex> lock(end.state_->mu);
+    end_time = end.state_->when;
+  }
+  return std::chrono::duration<double, std::milli>(end_time - start_time).count();
+}
+
+bool Event::recorded() const { return state_ != nullptr; }
+
+}  // namespace vtpu

@@ -1,0 +1,210 @@
+// Streams and events: ordering, completion, sticky errors, cross-stream waits.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "vtpu/stream.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using vtpu::AsyncError;
+using vtpu::Event;
+using vtpu::Stream;
+
+TEST(Stream, RunsWorkInOrder) {
+  Stream stream(0, 0);
+  std::vector<int> order;  // touched only by the worker
+  for (int i = 0; i < 1000; ++i) stream.enqueue("append", [&order, i] { order.push_back(i); });
+  stream.synchronize();
+  ASSERT_EQ(order.size(), 1000u);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(order[i], i);
+}
+
+TEST(Stream, EnqueueReturnsAtOnceAndQueryTracksWork) {
+  Stream stream(0, 0);
+  EXPECT_TRUE(stream.query());
+  std::atomic<bool> release{false};
+  const auto start = std::chrono::steady_clock::now();
+  stream.enqueue("wait", [&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  EXPECT_FALSE(stream.query());
+  release = true;
+  stream.synchronize();
+  EXPECT_TRUE(stream.query());
+}
+
+TEST(Stream, OnWorkerThread) {
+  Stream stream(0, 0);
+  EXPECT_FALSE(stream.on_worker_thread());
+  bool inside = false;
+  stream.enqueue("probe", [&] { inside = stream.on_worker_thread(); });
+  stream.synchronize();
+  EXPECT_TRUE(inside);
+}
+
+TEST(Stream, SynchronizeFromOwnWorkerThrowsInsteadOfDeadlocking) {
+  Stream stream(0, 0);
+  stream.enqueue("self_sync", [&] { stream.synchronize(); });
+  try {
+    stream.synchronize();
+    FAIL() << "expected AsyncError";
+  } catch (const AsyncError& e) {
+    EXPECT_NE(std::string(e.what()).find("self_sync"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Stream, StickyErrorRaisedOnceNamingTheOp) {
+  Stream stream(2, 0);
+  std::atomic<int> ran_after{0};
+  stream.enqueue("ok", [] {});
+  stream.enqueue("aten::div", [] { throw std::runtime_error("division by zero"); });
+  stream.enqueue("aten::mul", [] { throw std::runtime_error("second failure"); });
+  stream.enqueue("later", [&] { ++ran_after; });
+  try {
+    stream.synchronize();
+    FAIL() << "expected AsyncError";
+  } catch (const AsyncError& e) {
+    EXPECT_STREQ(e.what(),
+                 "error in asynchronously executed op 'aten::div' on tpu:2: division by zero");
+  }
+  EXPECT_EQ(ran_after.load(), 1);  // later work still ran
+  EXPECT_NO_THROW(stream.synchronize());  // raised once, then cleared
+  EXPECT_NO_THROW(stream.check_error());
+
+  int value = 0;
+  stream.enqueue("after_error", [&] { value = 7; });
+  stream.synchronize();
+  EXPECT_EQ(value, 7);
+}
+
+TEST(Stream, NonStdExceptionIsUnknownError) {
+  Stream stream(0, 0);
+  stream.enqueue("weird", [] { throw 42; });
+  try {
+    stream.synchronize();
+    FAIL();
+  } catch (const AsyncError& e) {
+    EXPECT_STREQ(e.what(), "error in asynchronously executed op 'weird' on tpu:0: unknown error");
+  }
+}
+
+TEST(Stream, CheckErrorDoesNotWait) {
+  Stream stream(0, 0);
+  stream.enqueue("bad", [] { throw std::runtime_error("boom"); });
+  while (!stream.query()) std::this_thread::sleep_for(1ms);
+  EXPECT_THROW(stream.check_error(), AsyncError);
+  EXPECT_NO_THROW(stream.check_error());
+}
+
+TEST(Stream, DestructorDrainsQueue) {
+  std::atomic<int> done{0};
+  {
+    Stream stream(0, 0);
+    for (int i = 0; i < 100; ++i) {
+      stream.enqueue("slow", [&] {
+        std::this_thread::sleep_for(100us);
+        ++done;
+      });
+    }
+  }
+  EXPECT_EQ(done.load(), 100);
+}
+
+TEST(Event, NeverRecordedIsComplete) {
+  Event event;
+  EXPECT_FALSE(event.recorded());
+  EXPECT_TRUE(event.query());
+  event.synchronize();  // returns at once
+}
+
+TEST(Event, RecordQuerySynchronize) {
+  Stream stream(0, 0);
+  std::atomic<bool> release{false};
+  stream.enqueue("wait", [&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  Event event;
+  event.record(stream);
+  EXPECT_TRUE(event.recorded());
+  EXPECT_FALSE(event.query());
+  release = true;
+  event.synchronize();
+  EXPECT_TRUE(event.query());
+}
+
+TEST(Event, ElapsedTime) {
+  Stream stream(0, 0);
+  Event start(true), end(true);
+  start.record(stream);
+  stream.enqueue("sleep", [] { std::this_thread::sleep_for(20ms); });
+  end.record(stream);
+  end.synchronize();
+  const double ms = start.elapsed_ms(end);
+  EXPECT_GE(ms, 15.0);
+  EXPECT_LT(ms, 5000.0);
+}
+
+TEST(Event, ElapsedTimeNeedsTimingAndCompletion) {
+  Stream stream(0, 0);
+  Event untimed, timed(true), unrecorded(true);
+  untimed.record(stream);
+  timed.record(stream);
+  stream.synchronize();
+  EXPECT_THROW(untimed.elapsed_ms(timed), std::logic_error);
+  EXPECT_THROW(timed.elapsed_ms(unrecorded), std::logic_error);
+
+  std::atomic<bool> release{false};
+  stream.enqueue("wait", [&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  Event pending(true);
+  pending.record(stream);
+  try {
+    timed.elapsed_ms(pending);
+    ADD_FAILURE() << "expected std::logic_error";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("completed"), std::string::npos) << e.what();
+  }
+  release = true;
+  stream.synchronize();
+  EXPECT_GE(timed.elapsed_ms(pending), 0.0);
+}
+
+TEST(Event, BlockMakesAnotherStreamWait) {
+  Stream producer(0, 0), consumer(1, 0);
+  std::atomic<bool> release{false};
+  std::atomic<bool> produced{false};
+  producer.enqueue("produce", [&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+    produced = true;
+  });
+  Event ready;
+  ready.record(producer);
+  ready.block(consumer);
+  bool saw_produced = false;
+  consumer.enqueue("consume", [&] { saw_produced = produced.load(); });
+
+  std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE(consumer.query());  // held back by the event
+  release = true;
+  consumer.synchronize();
+  EXPECT_TRUE(saw_produced);
+}
+
+TEST(Event, BlockOnNeverRecordedEventDoesNotWait) {
+  Stream stream(0, 0);
+  Event event;
+  event.block(stream);
+  stream.synchronize();
+  EXPECT_TRUE(stream.query());
+}
+
+}  // namespace
