@@ -358,16 +358,16 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   try {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     op.callBoxed(&meta);
-  } catch (const c10::NotImplementedError&) {
-    {
+  } catch (const std::exception& e) {
+    // No meta kernel (or one raising from Python): remember, and run now.
+    // Other meta errors may be stricter than the CPU kernel (data-dependent
+    // checks): the real kernel decides, raising the CPU's own error.
+    bool no_meta = dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr ||
+                   std::string(e.what()).find("NotImplementedError") != std::string::npos;
+    if (no_meta) {
       std::lock_guard<std::mutex> lock(no_meta_mu);
       ops_without_meta.insert(label);
     }
-    run_now(op, stack, label);
-    return;
-  } catch (const c10::Error&) {
-    // Meta kernels can be stricter than CPU ones (data-dependent checks):
-    // let the real kernel decide, with the CPU's own error if it fails.
     run_now(op, stack, label);
     return;
   }

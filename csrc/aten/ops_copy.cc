@@ -11,6 +11,8 @@
 namespace torch_tpu {
 namespace {
 
+constexpr size_t kSnapshotBytes = 1 << 20;
+
 bool is_pinned(const at::Tensor& t) {
   return t.device().is_cpu() && t.numel() > 0 && is_pinned_ptr(t.storage().data());
 }
@@ -53,9 +55,17 @@ at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_
   if (dst_tpu) {  // host -> device
     TORCH_CHECK(source.device().is_cpu(), "copy_: cannot copy from ", source.device(), " to ", dst.device());
     auto& stream = current_vtpu_stream(dst.device().index());
-    // Pageable memory may change as soon as we return: queue a snapshot.
-    at::Tensor staged = (non_blocking && is_pinned(src)) ? source : source.clone();
-    enqueue_copy(stream, TensorRecipe::of(dst), TensorRecipe::of(staged));
+    if (non_blocking && is_pinned(src)) {
+      enqueue_copy(stream, TensorRecipe::of(dst), TensorRecipe::of(source));
+    } else if (source.nbytes() <= kSnapshotBytes) {
+      // Pageable memory may change once we return: queue a snapshot.
+      enqueue_copy(stream, TensorRecipe::of(dst), TensorRecipe::of(source.clone()));
+    } else {
+      // Large pageable copies wait for the stream and copy directly, as
+      // cudaMemcpy does: a snapshot would cost a second pass over the data.
+      translate_errors([&] { stream.synchronize(); });
+      host_alias(dst).copy_(source);
+    }
     return dst;
   }
   // device -> host

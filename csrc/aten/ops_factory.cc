@@ -55,9 +55,12 @@ at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Scal
   chip(device);  // validates the index before anything is allocated
   auto meta = c10::scalarTypeToTypeMeta(dtype);
   size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, meta.itemsize());
-  // Strides with gaps can need more bytes than the tiled shape; take the larger.
-  uint64_t physical = std::max(vtpu::physical_bytes(sizes.vec(), meta.itemsize()),
-                               vtpu::physical_bytes_of_buffer(nbytes));
+  uint64_t physical = vtpu::physical_bytes(sizes.vec(), meta.itemsize());
+  if (nbytes > static_cast<size_t>(c10::multiply_integers(sizes)) * meta.itemsize()) {
+    // Strides with gaps span more memory than the shape: tile the whole span.
+    int64_t span = static_cast<int64_t>(nbytes / meta.itemsize());
+    physical = std::max(physical, vtpu::physical_bytes({span}, meta.itemsize()));
+  }
   auto data = tpu_allocator().allocate_on(device, nbytes, physical);
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), &tpu_allocator(),
                        /*resizable=*/true);

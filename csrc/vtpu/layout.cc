@@ -43,8 +43,12 @@ uint64_t physical_bytes(const std::vector<int64_t>& shape, int64_t element_size)
     if (d == 0) return 0;
   }
   const size_t rank = shape.size();
-  const uint64_t rows = rank >= 2 ? static_cast<uint64_t>(shape[rank - 2]) : 1;
-  const uint64_t cols = rank >= 1 ? static_cast<uint64_t>(shape[rank - 1]) : 1;
+  if (rank <= 1) {
+    const uint64_t n = rank == 1 ? static_cast<uint64_t>(shape[0]) : 1;
+    return round_up(checked_mul(n, static_cast<uint64_t>(element_size)), kTileBytes);
+  }
+  const uint64_t rows = static_cast<uint64_t>(shape[rank - 2]);
+  const uint64_t cols = static_cast<uint64_t>(shape[rank - 1]);
   uint64_t bytes = checked_mul(round_up(rows, tile.sublanes), round_up(cols, tile.lanes));
   bytes = checked_mul(bytes, static_cast<uint64_t>(element_size));
   for (size_t i = 0; i + 2 < rank; ++i) bytes = checked_mul(bytes, static_cast<uint64_t>(shape[i]));

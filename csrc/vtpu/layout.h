@@ -21,11 +21,14 @@ Tile tile_for(int64_t element_size);
 
 // Physical bytes of an array of `shape` with `element_size`-byte elements:
 // the minor two dimensions rounded up to the tile, all others multiplied.
-// Rank 0 and 1 arrays are treated as [1, n]. An empty array takes 0 bytes.
-// f32[3,5] -> 4096; bf16[16,128] -> 4096; f32[9,129] -> 16384.
+// Rank 0 and 1 arrays fill whole tiles densely (XLA tiles a 1-D f32 array by
+// 1024 elements, i.e. one 4 KiB tile): bytes rounded up to kTileBytes.
+// An empty array takes 0 bytes.
+// f32[3,5] -> 4096; bf16[16,128] -> 4096; f32[9,129] -> 16384; f32[1025] -> 8192.
 uint64_t physical_bytes(const std::vector<int64_t>& shape, int64_t element_size);
 
-// Physical bytes of an untyped byte buffer (storage without a shape): a u8[n].
+// Physical bytes of an untyped byte buffer (storage without a shape): a u8[n],
+// i.e. n rounded up to whole tiles.
 uint64_t physical_bytes_of_buffer(uint64_t nbytes);
 
 }  // namespace vtpu

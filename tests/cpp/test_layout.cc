@@ -37,9 +37,11 @@ INSTANTIATE_TEST_SUITE_P(
         LayoutCase{"int8[32,128]: one tile", {32, 128}, 1, 4096},
         LayoutCase{"f32[2,3,5]: leading dim multiplies", {2, 3, 5}, 4, 8192},
         LayoutCase{"f32[2,2,3,5]", {2, 2, 3, 5}, 4, 16384},
-        LayoutCase{"f32[] scalar as [1,1]", {}, 4, 4096},
-        LayoutCase{"f32[5] as [1,5]", {5}, 4, 4096},
-        LayoutCase{"f32[129] as [1,129]", {129}, 4, 8192},
+        LayoutCase{"f32[] scalar: one tile", {}, 4, 4096},
+        LayoutCase{"f32[5]: one tile", {5}, 4, 4096},
+        LayoutCase{"f32[1024]: one dense tile", {1024}, 4, 4096},
+        LayoutCase{"f32[1025]: two tiles", {1025}, 4, 8192},
+        LayoutCase{"bf16[2049]: two tiles", {2049}, 2, 8192},
         LayoutCase{"f64[3,5]: (8,128) tile of 8-byte elements", {3, 5}, 8, 8192},
         LayoutCase{"empty f32[0,5]", {0, 5}, 4, 0},
         LayoutCase{"empty f32[4,0,3]", {4, 0, 3}, 4, 0},
@@ -83,7 +85,8 @@ TEST(BufferBytes, IsAU8Row) {
   EXPECT_EQ(vtpu::physical_bytes_of_buffer(0), 0u);
   EXPECT_EQ(vtpu::physical_bytes_of_buffer(1), 4096u);
   EXPECT_EQ(vtpu::physical_bytes_of_buffer(128), 4096u);
-  EXPECT_EQ(vtpu::physical_bytes_of_buffer(129), 8192u);
+  EXPECT_EQ(vtpu::physical_bytes_of_buffer(4096), 4096u);
+  EXPECT_EQ(vtpu::physical_bytes_of_buffer(4097), 8192u);
   EXPECT_EQ(vtpu::physical_bytes_of_buffer(1000), vtpu::physical_bytes({1000}, 1));
 }
 

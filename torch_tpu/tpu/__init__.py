@@ -105,23 +105,37 @@ def synchronize(device: _DeviceLike = None) -> None:
     _C._synchronize(_device_index(device))
 
 
-class Stream(torch.Stream):
-    """A tpu stream: an in-order work queue of a chip, run by its own worker."""
+class _TPUKind(type):
+    """isinstance(x, torch.tpu.Stream) is True for any torch.Stream on tpu (same for Event)."""
 
-    def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs):
-        if "stream_id" in kwargs:
-            return super().__new__(cls, **kwargs)
-        idx = _device_index(device)
-        with torch.tpu.device(idx):
-            return super().__new__(cls, device=torch.device("tpu", idx), priority=priority)
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, cls._base) and obj.device.type == "tpu"
 
 
-class Event(torch.Event):
-    """A marker in a tpu stream (``record``, ``query``, ``synchronize``, ``wait``, ``elapsed_time`` in ms)."""
+class Stream(metaclass=_TPUKind):
+    """A tpu stream: an in-order work queue of a chip, run by its own worker thread.
+
+    Returns a ``torch.Stream`` (PyTorch's generic stream type checks exact types).
+    """
+
+    _base = torch.Stream
+
+    def __new__(cls, device: _DeviceLike = None, priority: int = 0) -> torch.Stream:
+        return torch.Stream(device=torch.device("tpu", _device_index(device)), priority=priority)
+
+
+class Event(metaclass=_TPUKind):
+    """A marker in a tpu stream: ``record``, ``query``, ``synchronize``, ``wait``,
+    ``elapsed_time`` (milliseconds of host time between two events with timing).
+
+    Returns a ``torch.Event``.
+    """
+
+    _base = torch.Event
 
     def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        return super().__new__(cls, device="tpu", enable_timing=enable_timing, blocking=blocking,
-                               interprocess=interprocess)
+        return torch.Event(device="tpu", enable_timing=enable_timing, blocking=blocking,
+                           interprocess=interprocess)
 
 
 def current_stream(device: _DeviceLike = None) -> torch.Stream:

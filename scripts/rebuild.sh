@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Developer loop: incremental rebuild of the C++ after editing, without pip.
+# (scripts/setup.sh must have run once: it configures build/py.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake --build build/py -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
+site=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")
+cp build/py/_C*.so "$site/torch_tpu/"

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets everything up on a fresh machine, then runs every test: C++ (GoogleTest
+# via ctest) and Python (pytest). This is the README's test command and what CI runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+ctest --test-dir build/py --output-on-failure -j 2
+python3 -m pytest -q tests/python "$@"
