@@ -65,6 +65,12 @@ def is_available() -> bool:
         return False
 
 
+def _is_in_bad_fork() -> bool:
+    """torch.manual_seed asks this; the vTPU runtime's worker threads do not survive fork,
+    but no process state here becomes invalid before the first tpu op."""
+    return False
+
+
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
