@@ -13,7 +13,9 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <mutex>
+#include <unordered_map>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -252,20 +254,221 @@ torch::jit::Stack meta_stack(const c10::FunctionSchema& schema, c10::ArrayRef<IV
   return stack;
 }
 
-// A tpu tensor laid out like `like` (meta/host): a view of the aliased
-// argument, the argument itself when written, or a fresh HBM tensor.
-at::Tensor tpu_result(const at::Tensor& like, const ReturnAlias& alias, const at::Tensor& aliased,
+// What the meta kernel said about one returned tensor.
+struct TensorMeta {
+  bool defined = false;
+  c10::DimVector sizes, strides;
+  int64_t offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+struct ReturnMeta {
+  bool is_list = false;
+  std::vector<TensorMeta> tensors;
+};
+using MetaResult = std::vector<ReturnMeta>;
+
+TensorMeta describe(const at::Tensor& t) {
+  TensorMeta m;
+  if (!t.defined()) return m;
+  m.defined = true;
+  m.sizes = c10::DimVector(t.sizes());
+  m.strides = c10::DimVector(t.strides());
+  m.offset = t.storage_offset();
+  m.dtype = t.scalar_type();
+  return m;
+}
+
+// Meta kernels are slow (many are Python registrations): their results are
+// cached per thread, keyed by the op and everything a meta kernel can see.
+struct MetaKey {
+  const void* op;
+  std::vector<int64_t> words;
+  bool operator==(const MetaKey& o) const { return op == o.op && words == o.words; }
+};
+struct MetaKeyHash {
+  size_t operator()(const MetaKey& k) const {
+    size_t h = std::hash<const void*>()(k.op);
+    for (int64_t w : k.words) h = h * 1000003u ^ std::hash<int64_t>()(w);
+    return h;
+  }
+};
+constexpr size_t kMetaCacheEntries = 1 << 16;
+thread_local std::unordered_map<MetaKey, MetaResult, MetaKeyHash> meta_cache;
+
+class KeyWriter {
+ public:
+  explicit KeyWriter(std::vector<int64_t>& w) : w_(w) {}
+  void tensor(const at::Tensor& t) {
+    if (!t.defined()) return w_.push_back(0);
+    const bool device = t.device().type() == kTPU;
+    w_.push_back(device ? 1 : 2);
+    w_.push_back(static_cast<int64_t>(t.scalar_type()));
+    w_.push_back(t.dim());
+    for (auto s : t.sizes()) w_.push_back(s);
+    if (!device) return w_.push_back(t.unsafeGetTensorImpl()->is_wrapped_number());
+    for (auto s : t.strides()) w_.push_back(s);
+    w_.push_back(t.storage_offset());
+    // Which earlier tensor shares the storage: overlap checks depend on it.
+    const void* storage = t.storage().unsafeGetStorageImpl();
+    int64_t shared = -1;
+    for (size_t i = 0; i < storages_.size(); ++i) {
+      if (storages_[i] == storage) shared = static_cast<int64_t>(i);
+    }
+    storages_.push_back(storage);
+    w_.push_back(shared);
+    w_.push_back(static_cast<int64_t>(t.storage().nbytes()));
+  }
+  // False for argument kinds we do not key on (the op is then not cached).
+  bool value(const IValue& v) {
+    if (v.isTensor()) {
+      tensor(v.toTensor());
+    } else if (v.isNone()) {
+      w_.push_back(10);
+    } else if (v.isInt()) {
+      w_.insert(w_.end(), {11, v.toInt()});
+    } else if (v.isDouble()) {
+      double d = v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      w_.insert(w_.end(), {12, bits});
+    } else if (v.isBool()) {
+      w_.insert(w_.end(), {13, v.toBool()});
+    } else if (v.isIntList()) {
+      w_.push_back(14);
+      for (auto i : v.toIntList()) w_.push_back(i);
+      w_.push_back(-7);
+    } else if (v.isDevice()) {
+      w_.insert(w_.end(), {15, static_cast<int64_t>(v.toDevice().type()), v.toDevice().index()});
+    } else if (v.isGenerator()) {
+      w_.push_back(16);
+    } else if (v.isTensorList()) {
+      w_.push_back(17);
+      for (const at::Tensor& t : v.toTensorList()) tensor(t);
+      w_.push_back(-7);
+    } else if (v.isOptionalTensorList()) {
+      w_.push_back(18);
+      for (const auto& e : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = e;
+        tensor(t.has_value() ? *t : at::Tensor());
+      }
+      w_.push_back(-7);
+    } else if (v.isBoolList()) {
+      w_.push_back(19);
+      for (bool b : v.toBoolList()) w_.push_back(b);
+      w_.push_back(-7);
+    } else if (v.isDoubleList()) {
+      w_.push_back(20);
+      for (double d : v.toDoubleList()) {
+        int64_t bits;
+        std::memcpy(&bits, &d, sizeof bits);
+        w_.push_back(bits);
+      }
+      w_.push_back(-7);
+    } else if (v.isString()) {
+      w_.push_back(21);
+      for (char c : v.toStringRef()) w_.push_back(c);
+      w_.push_back(-7);
+    } else {
+      return false;  // complex scalars, storages, objects, ...
+    }
+    return true;
+  }
+
+ private:
+  std::vector<int64_t>& w_;
+  std::vector<const void*> storages_;
+};
+
+// Runs the meta kernel (or reuses its cached answer). Throws what it throws.
+MetaResult meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args) {
+  MetaKey key{&op.schema(), {}};
+  key.words.reserve(64);
+  KeyWriter writer(key.words);
+  bool cacheable = true;
+  for (const IValue& v : args) cacheable = cacheable && writer.value(v);
+  if (cacheable) {
+    auto it = meta_cache.find(key);
+    if (it != meta_cache.end()) return it->second;
+  }
+  torch::jit::Stack meta = meta_stack(op.schema(), args);
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    op.callBoxed(&meta);
+  }
+  MetaResult result(meta.size());
+  for (size_t r = 0; r < meta.size(); ++r) {
+    if (meta[r].isTensor()) {
+      result[r].tensors.push_back(describe(meta[r].toTensor()));
+    } else {
+      result[r].is_list = true;
+      for (const at::Tensor& t : meta[r].toTensorList()) result[r].tensors.push_back(describe(t));
+    }
+  }
+  if (cacheable) {
+    if (meta_cache.size() >= kMetaCacheEntries) meta_cache.clear();
+    meta_cache.emplace(std::move(key), result);
+  }
+  return result;
+}
+
+bool meta_has_lists(const MetaResult& meta) {
+  for (const auto& r : meta) {
+    if (r.is_list) return true;
+  }
+  return false;
+}
+
+// The out= overload of a functional op: same arguments followed by one
+// kwarg-only Tensor(a!) per return ("add.Tensor" -> "add.out"). Cached.
+std::optional<c10::OperatorHandle> find_out_variant(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  const std::string& overload = schema.overload_name();
+  for (const std::string& name : {overload.empty() ? std::string("out") : overload + "_out",
+                                  std::string("out")}) {
+    auto handle = c10::Dispatcher::singleton().findOp({schema.name(), name});
+    if (!handle) continue;
+    const auto& out = handle->schema();
+    const size_t n = schema.arguments().size(), r = schema.returns().size();
+    if (out.arguments().size() != n + r || out.returns().size() != r) continue;
+    bool same = true;
+    for (size_t i = 0; i < n && same; ++i) {
+      same = out.arguments()[i].name() == schema.arguments()[i].name() &&
+             *out.arguments()[i].type() == *schema.arguments()[i].type();
+    }
+    for (size_t i = n; i < n + r && same; ++i) {
+      const auto* a = out.arguments()[i].alias_info();
+      same = a && a->isWrite() && out.arguments()[i].kwarg_only() &&
+             out.arguments()[i].type()->kind() == c10::TypeKind::TensorType;
+    }
+    if (same) return handle;
+  }
+  return std::nullopt;
+}
+
+std::optional<c10::OperatorHandle> out_variant(const c10::OperatorHandle& op) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, std::optional<c10::OperatorHandle>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(&op.schema());
+  if (it == cache.end()) it = cache.emplace(&op.schema(), find_out_variant(op)).first;
+  return it->second;
+}
+
+// A tpu tensor laid out as `m` says: a view of the aliased argument, the
+// argument itself when written, or a fresh HBM tensor.
+at::Tensor tpu_result(const TensorMeta& m, const ReturnAlias& alias, const at::Tensor& aliased,
                       c10::DeviceIndex device) {
   if (alias.arg >= 0 && aliased.defined()) {
     if (alias.write) {
-      if (!aliased.sizes().equals(like.sizes()) || !aliased.strides().equals(like.strides())) {
-        set_metadata_like(aliased, like);  // an out= argument the op resized
+      if (!aliased.sizes().equals(m.sizes) || !aliased.strides().equals(m.strides) ||
+          aliased.storage_offset() != m.offset) {
+        set_metadata(aliased, m.sizes, m.strides, m.offset);  // an out= argument the op resized
       }
       return aliased;
     }
-    return aliased.as_strided(like.sizes(), like.strides(), like.storage_offset());
+    return aliased.as_strided(m.sizes, m.strides, m.offset);
   }
-  return empty_tpu(like.sizes(), like.strides(), like.scalar_type(), device);
+  return empty_tpu(m.sizes, m.strides, m.dtype, device);
 }
 
 // The tpu tensor(s) aliased by return `r`, or undefined ones.
@@ -354,10 +557,9 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   c10::DeviceIndex device = check.index();
 
   // Shapes, strides and argument errors come from the meta kernel, here.
-  torch::jit::Stack meta = meta_stack(schema, args);
+  MetaResult meta;
   try {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    op.callBoxed(&meta);
+    meta = meta_result(op, args);
   } catch (const std::exception& e) {
     // No meta kernel (or one raising from Python): remember, and run now.
     // Other meta errors may be stricter than the CPU kernel (data-dependent
@@ -379,22 +581,21 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t r = 0; r < meta.size(); ++r) {
     ReturnAlias alias = return_alias(schema, r);
     auto aliased = aliased_tensors(args, alias);
-    auto make = [&](const at::Tensor& like, size_t k) {
+    auto make = [&](const TensorMeta& m, size_t k) {
+      if (!m.defined) return at::Tensor();
       at::Tensor base = k < aliased.size() ? aliased[k] : at::Tensor();
-      at::Tensor t = tpu_result(like, alias, base, device);
+      at::Tensor t = tpu_result(m, alias, base, device);
       if (alias.arg < 0) {
         fresh.push_back(TensorRecipe::of(t));
         fresh_slot.emplace_back(r, k);
       }
       return t;
     };
-    const IValue& m = meta[r];
-    if (m.isTensor()) {
-      results.emplace_back(m.toTensor().defined() ? make(m.toTensor(), 0) : at::Tensor());
+    if (!meta[r].is_list) {
+      results.emplace_back(make(meta[r].tensors[0], 0));
     } else {
       c10::List<at::Tensor> list;
-      size_t k = 0;
-      for (const at::Tensor& t : m.toTensorList()) list.push_back(make(t, k++));
+      for (size_t k = 0; k < meta[r].tensors.size(); ++k) list.push_back(make(meta[r].tensors[k], k));
       results.emplace_back(std::move(list));
     }
   }
@@ -412,6 +613,23 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (const auto& a : schema.arguments()) writes_args |= (alias_of(a) && alias_of(a)->isWrite());
   if (!(pure_view && !writes_args)) {
     auto& stream = current_vtpu_stream(device);
+    // With an out= overload the CPU kernel writes straight into HBM.
+    std::optional<c10::OperatorHandle> out_op;
+    if (!fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta)) {
+      out_op = out_variant(op);
+    }
+    if (out_op) {
+      stream.enqueue(label, [op = *out_op, queued = std::move(queued), fresh = std::move(fresh)] {
+        AliasBuilder host(c10::kCPU);
+        auto cpu = build_stack(queued, host);
+        for (const auto& r : fresh) cpu.push_back(host.alias(r));
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        op.callBoxed(&cpu);
+      });
+      torch::jit::drop(*stack, num_args);
+      for (auto& v : results) stack->push_back(std::move(v));
+      return;
+    }
     stream.enqueue(label, [op, queued = std::move(queued), fresh = std::move(fresh),
                            fresh_slot = std::move(fresh_slot)] {
       AliasBuilder host(c10::kCPU);
@@ -436,4 +654,13 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
 }
 
+}  // namespace torch_tpu
+
+namespace torch_tpu {
+// ATen routes convolutions of unknown backends to *_overrideable stubs; the
+// fallback runs the real CPU convolution over device buffers instead.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+}
 }  // namespace torch_tpu

@@ -83,12 +83,14 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
   storage->set_nbytes(nbytes);
 }
 
-void set_metadata_like(const at::Tensor& t, const at::Tensor& like) {
-  auto* impl = t.unsafeGetTensorImpl();
-  size_t needed = at::detail::computeStorageNbytes(like.sizes(), like.strides(), t.itemsize(),
-                                                   like.storage_offset());
+void set_metadata(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
+  size_t needed = at::detail::computeStorageNbytes(sizes, strides, t.itemsize(), offset);
   if (needed > t.storage().nbytes()) resize_storage_bytes(t.storage().unsafeGetStorageImpl(), needed);
-  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+}
+
+void set_metadata_like(const at::Tensor& t, const at::Tensor& like) {
+  set_metadata(t, like.sizes(), like.strides(), like.storage_offset());
 }
 
 namespace {

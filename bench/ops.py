@@ -1,0 +1,85 @@
+"""Operator benchmark: about 20 common operators at three sizes, vTPU against
+CPU eager in the same process. Each figure is the median over repeats of the
+time to issue `--iters` calls and wait for them (tpu: torch.tpu.synchronize()),
+divided by `--iters`; the last column is tpu / cpu.
+
+Run: python bench/ops.py [--iters N] [--sizes 64,1024,4096]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+import torch_tpu  # noqa: F401
+
+
+def ops(n: int):
+    """(name, fn(tensors), make(device) -> tensors) for an n-sized problem."""
+    def sq(dev, dtype=torch.float32):
+        return torch.randn(n, n, device=dev, dtype=dtype)
+    conv_n = max(8, n // 16)
+    return [
+        ("add", lambda a, b: a + b, lambda d: (sq(d), sq(d))),
+        ("mul_scalar", lambda a: a * 2.0, lambda d: (sq(d),)),
+        ("add_ (in-place)", lambda a, b: a.add_(b), lambda d: (sq(d), sq(d))),
+        ("exp", torch.exp, lambda d: (sq(d),)),
+        ("gelu", F.gelu, lambda d: (sq(d),)),
+        ("where", lambda c, a, b: torch.where(c, a, b), lambda d: (sq(d) > 0, sq(d), sq(d))),
+        ("sum", torch.sum, lambda d: (sq(d),)),
+        ("sum(dim=1)", lambda a: a.sum(1), lambda d: (sq(d),)),
+        ("amax(dim=0)", lambda a: a.amax(0), lambda d: (sq(d),)),
+        ("mean", torch.mean, lambda d: (sq(d),)),
+        ("matmul", torch.matmul, lambda d: (sq(d), sq(d))),
+        ("linear+bias", F.linear, lambda d: (sq(d), sq(d), torch.randn(n, device=d))),
+        ("softmax", lambda a: a.softmax(-1), lambda d: (sq(d),)),
+        ("layer_norm", lambda a: F.layer_norm(a, (n,)), lambda d: (sq(d),)),
+        ("embedding", F.embedding, lambda d: (torch.randint(0, n, (n,), device=d), sq(d))),
+        ("index_select", lambda a, i: a.index_select(0, i), lambda d: (sq(d), torch.randint(0, n, (n // 2,), device=d))),
+        ("gather", lambda a, i: a.gather(1, i), lambda d: (sq(d), torch.randint(0, n, (n, 4), device=d))),
+        ("transpose+contiguous", lambda a: a.t().contiguous(), lambda d: (sq(d),)),
+        ("cat", lambda a, b: torch.cat([a, b]), lambda d: (sq(d), sq(d))),
+        ("conv2d", lambda x, w: F.conv2d(x, w, padding=1),
+         lambda d: (torch.randn(2, 8, conv_n, conv_n, device=d), torch.randn(8, 8, 3, 3, device=d))),
+        ("bf16 add", lambda a, b: a + b, lambda d: (sq(d, torch.bfloat16), sq(d, torch.bfloat16))),
+    ]
+
+
+def measure(fn, args, iters, repeats, sync):
+    fn(*args)
+    sync()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn(*args)
+        sync()
+        samples.append((time.perf_counter() - t0) / iters)
+    return statistics.median(samples)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--sizes", default="64,1024,4096")
+    a = p.parse_args()
+    print(f"{'op':22} {'n':>5} {'tpu us':>10} {'cpu us':>10} {'tpu/cpu':>8}")
+    ratios = {}
+    for n in [int(s) for s in a.sizes.split(",")]:
+        iters = a.iters if n <= 1024 else max(2, a.iters // 10)
+        for name, fn, make in ops(n):
+            torch.manual_seed(0)
+            cpu_args = make("cpu")
+            tpu_args = tuple(t.to("tpu") for t in cpu_args)
+            c = measure(fn, cpu_args, iters, a.repeats, lambda: None)
+            t = measure(fn, tpu_args, iters, a.repeats, torch.tpu.synchronize)
+            ratios.setdefault(n, []).append(t / c)
+            print(f"{name:22} {n:5d} {t * 1e6:10.1f} {c * 1e6:10.1f} {t / c:8.2f}", flush=True)
+    for n, r in ratios.items():
+        print(f"n={n}: geometric-mean tpu/cpu {statistics.geometric_mean(r):.2f}")
+
+
+if __name__ == "__main__":
+    main()
