@@ -8,11 +8,23 @@ PyTorch device. See README.md and DESIGN.md.
 import torch
 
 from . import _C
+from . import runtime  # noqa: F401,E402
 
-_C._init()
+# Registers the PrivateUse1 hooks (once per process: a second registration
+# raises) and builds the runtime. A bad environment (unknown TORCH_TPU_TOPOLOGY,
+# bad TPU_VISIBLE_CHIPS, ...) must not break `import torch` through the
+# autoload entry point: the runtime then stays unbuilt and the error is raised
+# at the first use of a tpu device (the runtime retries its construction).
+try:
+    _C._init()
+    _runtime_ready = True
+except Exception:  # noqa: BLE001
+    _runtime_ready = False
 torch.utils.rename_privateuse1_backend("tpu")
 
 from . import tpu as _tpu_module  # noqa: E402
+
+_tpu_module._initialized = _runtime_ready
 
 torch._register_device_module("tpu", _tpu_module)
 torch.utils.generate_methods_for_privateuse1_backend(

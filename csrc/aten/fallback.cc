@@ -25,6 +25,8 @@
 #include "aten/errors.h"
 #include "aten/generator.h"
 #include "aten/host_alias.h"
+#include "aten/matmul_precision.h"
+#include "aten/portability.h"
 #include "aten/tensor_factory.h"
 
 namespace torch_tpu {
@@ -99,6 +101,10 @@ class DeviceCheck {
   explicit DeviceCheck(const std::string& op) : op_(op) {}
   void tensor(const at::Tensor& t, bool host_allowed) {
     if (!t.defined()) return;
+    if (unsupported_on_tpu(t.scalar_type()) && !noted_) {
+      note_unsupported(op_, t.scalar_type());
+      noted_ = true;
+    }
     if (t.device().type() == kTPU) {
       if (index_ < 0) {
         index_ = t.device().index();
@@ -122,6 +128,7 @@ class DeviceCheck {
  private:
   const std::string& op_;
   c10::DeviceIndex index_ = -1;
+  bool noted_ = false;
 };
 
 // The host engine random kernels use for a tpu op's Generator argument.
@@ -505,7 +512,7 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
   std::vector<IValue> cpu_args(cpu.begin(), cpu.end());
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    op.callBoxed(&cpu);
+    call_with_matmul_precision(op, &cpu, at::globalContext().float32MatmulPrecision());
   }
   for (size_t i = 0; i < num_args; ++i) {
     if (!is_out[i]) continue;
@@ -545,6 +552,9 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
 void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const std::string label = op_label(schema);
+  TORCH_CHECK_NOT_IMPLEMENTED(label.find("sparse") == std::string::npos,
+                              label, ": sparse tensors are not supported on tpu (TPUs have no "
+                              "sparse layouts); use dense tensors");
   if (!returns_only_tensors(schema) || known_without_meta(label)) {
     run_now(op, stack, label);
     return;
@@ -614,8 +624,11 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!(pure_view && !writes_args)) {
     auto& stream = current_vtpu_stream(device);
     // With an out= overload the CPU kernel writes straight into HBM.
+    // (Not for products at reduced precision: their passes need temporaries.)
+    const auto precision = at::globalContext().float32MatmulPrecision();
     std::optional<c10::OperatorHandle> out_op;
-    if (!fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta)) {
+    if (!fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
+        (precision == at::Float32MatmulPrecision::HIGHEST || !is_matmul_family(op))) {
       out_op = out_variant(op);
     }
     if (out_op) {
@@ -631,11 +644,11 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       return;
     }
     stream.enqueue(label, [op, queued = std::move(queued), fresh = std::move(fresh),
-                           fresh_slot = std::move(fresh_slot)] {
+                           fresh_slot = std::move(fresh_slot), precision] {
       AliasBuilder host(c10::kCPU);
       auto cpu = build_stack(queued, host);
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      op.callBoxed(&cpu);
+      call_with_matmul_precision(op, &cpu, precision);
       for (size_t i = 0; i < fresh.size(); ++i) {
         auto [r, k] = fresh_slot[i];
         const IValue& v = cpu[r];
@@ -662,5 +675,22 @@ namespace torch_tpu {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
   m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+}
+}  // namespace torch_tpu
+
+namespace torch_tpu {
+namespace {
+// Sparse layouts on tpu: a clear error instead of "could not run ... Sparsetpu".
+void sparse_not_supported(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op_label(op.schema()),
+                              ": sparse tensors are not supported on tpu (TPUs have no sparse "
+                              "layouts); use dense (strided) tensors");
+}
+}  // namespace
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_not_supported>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_not_supported>());
 }
 }  // namespace torch_tpu

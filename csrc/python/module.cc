@@ -7,6 +7,7 @@
 #include "aten/device.h"
 #include "aten/errors.h"
 #include "aten/generator.h"
+#include "aten/portability.h"
 #include "vtpu/layout.h"
 #include "vtpu/runtime.h"
 
@@ -113,6 +114,16 @@ PYBIND11_MODULE(_C, m) {
                             py::make_tuple(t.shape()[0], t.shape()[1], t.shape()[2]));
     });
   });
+  m.def("_unsupported_on_tpu", [] {
+    py::dict out;
+    for (const auto& [key, count] : unsupported_report()) {
+      py::str op(key.first);
+      if (!out.contains(op)) out[op] = py::dict();
+      out[op][py::str(key.second)] = count;
+    }
+    return out;
+  });
+  m.def("_reset_unsupported_on_tpu", [] { reset_unsupported_report(); });
   m.def("_hops", [](int a, int b) { return translate_errors([&] { return runtime().topology().hops(a, b); }); });
   m.def("_physical_bytes", [](std::vector<int64_t> shape, int64_t element_size) {
     return vtpu::physical_bytes(shape, element_size);

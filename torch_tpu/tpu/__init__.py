@@ -47,13 +47,18 @@ _DeviceLike = Union[torch.device, str, int, None]
 
 
 def init() -> None:
-    """Initialise the runtime (reads the topology). Raises ValueError for a bad topology."""
+    """Initialise the runtime (reads the topology); idempotent. Raises ValueError for a bad topology."""
     global _initialized
-    _C._init()
+    if _initialized:
+        return
+    # `import torch_tpu` registered the hooks already (they may be registered
+    # only once); building the runtime is what remains.
+    _C._device_count()
     _initialized = True
 
 
 def is_initialized() -> bool:
+    """True once the runtime is built (at import, unless the environment was invalid)."""
     return _initialized
 
 

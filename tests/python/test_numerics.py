@@ -1,0 +1,149 @@
+"""MXU numerics (float32 matmul precision), autocast, SDPA, portability report."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+
+
+@pytest.fixture
+def precision():
+    old = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(old)
+
+
+def _bf16(t):
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+def _three_pass(a, b):
+    a_hi, b_hi = _bf16(a), _bf16(b)
+    a_lo, b_lo = _bf16(a - a_hi), _bf16(b - b_hi)
+    return a_hi.double() @ b_hi.double() + a_hi.double() @ b_lo.double() + a_lo.double() @ b_hi.double()
+
+
+def test_highest_is_exact_fp32(precision):
+    precision("highest")
+    a, b = torch.randn(33, 70), torch.randn(70, 17)
+    torch.testing.assert_close((a.tpu() @ b.tpu()).cpu(), a @ b)
+
+
+@pytest.mark.parametrize("op", ["mm", "addmm", "bmm", "baddbmm", "linear"])
+def test_medium_rounds_inputs_to_bf16(precision, op):
+    precision("medium")
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 16, 64), torch.randn(4, 64, 24)
+    bias = torch.randn(24)
+    fns = {
+        "mm": lambda a, b, c: a[0] @ b[0],
+        "addmm": lambda a, b, c: torch.addmm(c, a[0], b[0]),
+        "bmm": lambda a, b, c: torch.bmm(a, b),
+        "baddbmm": lambda a, b, c: torch.baddbmm(c, a, b),
+        "linear": lambda a, b, c: F.linear(a, b[0].t(), c),
+    }
+    fn = fns[op]
+    got = fn(a.tpu(), b.tpu(), bias.tpu()).cpu()
+    precision("highest")
+    expected = fn(_bf16(a), _bf16(b), bias)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+    # ... and differs from exact fp32 by bf16-sized errors, so the test can fail.
+    assert (got - fn(a, b, bias)).abs().max() > 1e-3
+
+
+def test_high_is_three_bf16_passes(precision):
+    torch.manual_seed(1)
+    a, b = torch.randn(40, 256), torch.randn(256, 30)
+    exact = a.double() @ b.double()
+    precision("high")
+    got = (a.tpu() @ b.tpu()).cpu().double()
+    torch.testing.assert_close(got, _three_pass(a, b), atol=1e-4, rtol=1e-5)
+    precision("medium")
+    medium = (a.tpu() @ b.tpu()).cpu().double()
+    # three passes are far more accurate than one, and close to exact
+    assert (got - exact).abs().max() * 20 < (medium - exact).abs().max()
+
+
+def test_conv2d_follows_precision(precision):
+    torch.manual_seed(2)
+    x, w, bias = torch.randn(2, 3, 10, 10), torch.randn(4, 3, 3, 3), torch.randn(4)
+    precision("medium")
+    got = F.conv2d(x.tpu(), w.tpu(), bias.tpu(), padding=1).cpu()
+    precision("highest")
+    torch.testing.assert_close(got, F.conv2d(_bf16(x), _bf16(w), bias, padding=1), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(F.conv2d(x.tpu(), w.tpu(), bias.tpu(), padding=1).cpu(),
+                               F.conv2d(x, w, bias, padding=1))
+
+
+def test_bf16_elementwise_rounds_once():
+    x = torch.randn(1000).to(torch.bfloat16)
+    y = torch.randn(1000).to(torch.bfloat16)
+    expected = (x.float() * y.float() + x.float()).to(torch.bfloat16)
+    got = torch.addcmul(x.tpu(), x.tpu(), y.tpu()).cpu()
+    assert torch.equal(got, expected)
+
+
+def test_autocast_bf16_policy():
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        y = a.tpu() @ b.tpu()
+        s = torch.softmax(y, -1)  # fp32 policy op
+        lin = F.linear(a.tpu(), b.t().tpu())
+    assert y.dtype == torch.bfloat16 and lin.dtype == torch.bfloat16
+    assert s.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_cpu = a @ b
+    torch.testing.assert_close(y.cpu(), y_cpu)
+
+
+def test_autocast_float16_and_backward():
+    w = torch.randn(16, 4, requires_grad=True)
+    wt = w.detach().tpu().requires_grad_()
+    x = torch.randn(8, 16)
+    with torch.autocast("tpu", dtype=torch.float16):
+        out = (x.tpu() @ wt).float().sum()
+    out.backward()
+    with torch.autocast("cpu", dtype=torch.float16):
+        (x @ w).float().sum().backward()
+    assert wt.grad.dtype == torch.float32
+    torch.testing.assert_close(wt.grad.cpu(), w.grad, atol=1e-2, rtol=1e-2)
+
+
+def test_sdpa_matches_cpu_and_has_gradients():
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+    qt, kt, vt = (t.detach().tpu().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out_t = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+    torch.testing.assert_close(out_t.cpu(), out, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(out)
+    out.backward(g)
+    out_t.backward(g.tpu())
+    for a, b in ((q, qt), (k, kt), (v, vt)):
+        torch.testing.assert_close(b.grad.cpu(), a.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_unsupported_dtypes_are_reported():
+    torch_tpu.runtime.reset_unsupported_on_tpu()
+    x = torch.arange(4, dtype=torch.float64, device="tpu")
+    y = (x * 2).sum()
+    assert y.item() == 12.0
+    report = torch_tpu.runtime.unsupported_on_tpu()
+    assert any("mul" in op for op in report), report
+    assert all(set(v) <= {"Double", "ComplexFloat", "ComplexDouble", "ComplexHalf"} for v in report.values())
+    torch_tpu.runtime.reset_unsupported_on_tpu()
+    (torch.ones(3, device="tpu") * 2).sum().item()
+    assert torch_tpu.runtime.unsupported_on_tpu() == {}
+
+
+def test_complex_works_for_correctness():
+    z = torch.randn(5, dtype=torch.complex64)
+    torch.testing.assert_close((z.tpu() * z.tpu()).cpu(), z * z)
+
+
+def test_sparse_raises_not_implemented():
+    with pytest.raises(NotImplementedError, match="sparse"):
+        torch.ones(3, device="tpu").to_sparse()
+    with pytest.raises(NotImplementedError, match="sparse"):
+        torch.empty(3, device="tpu", layout=torch.sparse_coo)
