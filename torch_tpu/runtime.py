@@ -1,6 +1,6 @@
 """Runtime reports of the vTPU."""
 
-from typing import Dict
+from typing import Dict, List
 
 from . import _C
 
@@ -18,3 +18,39 @@ def unsupported_on_tpu() -> Dict[str, Dict[str, int]]:
 def reset_unsupported_on_tpu() -> None:
     """Clear the report of :func:`unsupported_on_tpu`."""
     _C._reset_unsupported_on_tpu()
+
+
+def _index(device) -> int:
+    import torch
+
+    from .tpu._utils import _device_index
+
+    return _device_index(device) if device is not None else torch.tpu.current_device()
+
+
+def stats(device=None) -> Dict[str, object]:
+    """Execution counters of a chip since start or :func:`reset_stats`.
+
+    Keys: ``ops`` (ops issued), ``flops`` (torch.utils.flop_counter conventions),
+    ``bytes_read`` / ``bytes_written`` (HBM, physical bytes), ``host_seconds``
+    (measured time the chip's stream workers spent computing on this host),
+    ``device_seconds`` (the cost model's *estimate* for this chip's generation)
+    split into ``mxu_seconds``, ``vpu_seconds``, ``hbm_seconds`` and
+    ``overhead_seconds``, ``device_seconds_by_generation`` (the same estimate
+    for v4, v5e, v5p, v6e, tpu7x), ``emulated_ops`` (float64/complex) and
+    ``generation``. Work still queued is counted when issued; call
+    ``torch.tpu.synchronize()`` first for settled ``host_seconds``.
+    """
+    return _C._stats(_index(device))
+
+
+def reset_stats(device=None) -> None:
+    """Zero the counters of :func:`stats` for a chip."""
+    _C._reset_stats(_index(device))
+
+
+def generations() -> List[Dict[str, object]]:
+    """The generation table (v4, v5e, v5p, v6e, tpu7x): peak bf16 FLOP/s, HBM bytes and
+    bandwidth (bytes/s), VMEM, MXU size and count, TensorCores, ICI links and per-link
+    bandwidth (bytes/s), torus dimensions, chips per host. Sources are in csrc/vtpu/spec.cc."""
+    return _C._generations()

@@ -26,6 +26,7 @@
 #include "aten/generator.h"
 #include "aten/host_alias.h"
 #include "aten/matmul_precision.h"
+#include "aten/op_cost.h"
 #include "aten/portability.h"
 #include "aten/tensor_factory.h"
 
@@ -488,6 +489,18 @@ std::vector<at::Tensor> aliased_tensors(c10::ArrayRef<IValue> args, const Return
   return out;
 }
 
+std::vector<at::Tensor> result_tensors(const std::vector<IValue>& results) {
+  std::vector<at::Tensor> out;
+  for (const auto& v : results) {
+    if (v.isTensor()) {
+      if (v.toTensor().defined()) out.push_back(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(t);
+    }
+  }
+  return out;
+}
+
 // Synchronous path: wait for the chip, run the CPU kernel on host aliases now.
 void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& label) {
   const auto& schema = op.schema();
@@ -547,6 +560,9 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
       stack->push_back(v);
     }
   }
+  std::vector<IValue> returned(stack->end() - cpu.size(), stack->end());
+  chip(device).record_cost(
+      op_cost(schema, args, result_tensors(returned), at::globalContext().float32MatmulPrecision()));
 }
 
 void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -623,9 +639,10 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (const auto& a : schema.arguments()) writes_args |= (alias_of(a) && alias_of(a)->isWrite());
   if (!(pure_view && !writes_args)) {
     auto& stream = current_vtpu_stream(device);
+    const auto precision = at::globalContext().float32MatmulPrecision();
+    chip(device).record_cost(op_cost(schema, args, result_tensors(results), precision));
     // With an out= overload the CPU kernel writes straight into HBM.
     // (Not for products at reduced precision: their passes need temporaries.)
-    const auto precision = at::globalContext().float32MatmulPrecision();
     std::optional<c10::OperatorHandle> out_op;
     if (!fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
         (precision == at::Float32MatmulPrecision::HIGHEST || !is_matmul_family(op))) {

@@ -6,6 +6,7 @@
 #include "aten/device.h"
 #include "aten/errors.h"
 #include "aten/host_alias.h"
+#include "aten/op_cost.h"
 #include "aten/tensor_factory.h"
 
 namespace torch_tpu {
@@ -35,6 +36,13 @@ at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_
   if (dst.numel() == 0) return dst;
   const bool src_tpu = source.device().type() == kTPU;
   const bool dst_tpu = dst.device().type() == kTPU;
+  // HBM traffic on each chip involved (a host side moves no HBM bytes).
+  if (src_tpu && dst_tpu && source.device() == dst.device()) {
+    chip(dst.device().index()).record_cost(transfer_cost(physical_bytes_of(source), physical_bytes_of(dst)));
+  } else {
+    if (src_tpu) chip(source.device().index()).record_cost(transfer_cost(physical_bytes_of(source), 0));
+    if (dst_tpu) chip(dst.device().index()).record_cost(transfer_cost(0, physical_bytes_of(dst)));
+  }
 
   if (src_tpu && dst_tpu) {
     auto& dst_stream = current_vtpu_stream(dst.device().index());
@@ -94,6 +102,7 @@ at::Scalar local_scalar_dense_tpu(const at::Tensor& self) {
 at::Tensor& fill_scalar_tpu_(at::Tensor& self, const at::Scalar& value) {
   if (self.numel() == 0) return self;
   auto& stream = current_vtpu_stream(self.device().index());
+  chip(self.device().index()).record_cost(transfer_cost(0, physical_bytes_of(self)));
   stream.enqueue("aten::fill_", [dst = TensorRecipe::of(self), value] {
     AliasBuilder host(c10::kCPU);
     host.alias(dst).fill_(value);

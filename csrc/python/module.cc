@@ -114,6 +114,37 @@ PYBIND11_MODULE(_C, m) {
                             py::make_tuple(t.shape()[0], t.shape()[1], t.shape()[2]));
     });
   });
+  m.def("_generations", [] {
+    py::list out;
+    for (const auto& s : vtpu::all_specs()) out.append(spec_dict(s));
+    return out;
+  });
+  m.def("_stats", [](int i) {
+    return translate_errors([&] {
+      auto s = chip(resolve_index(i)).counters();
+      py::dict d;
+      d["ops"] = s.ops;
+      d["emulated_ops"] = s.emulated_ops;
+      d["flops"] = s.flops;
+      d["bytes_read"] = s.bytes_read;
+      d["bytes_written"] = s.bytes_written;
+      d["host_seconds"] = s.host_seconds;
+      d["device_seconds"] = s.device.total_seconds;
+      d["mxu_seconds"] = s.device.mxu_seconds;
+      d["vpu_seconds"] = s.device.vpu_seconds;
+      d["hbm_seconds"] = s.device.hbm_seconds;
+      d["overhead_seconds"] = s.device.overhead_seconds;
+      py::dict by_gen;
+      const auto& specs = vtpu::all_specs();
+      for (size_t g = 0; g < specs.size() && g < s.device_seconds_by_generation.size(); ++g) {
+        by_gen[py::str(specs[g].generation)] = s.device_seconds_by_generation[g];
+      }
+      d["device_seconds_by_generation"] = by_gen;
+      d["generation"] = runtime().topology().spec().generation;
+      return d;
+    });
+  });
+  m.def("_reset_stats", [](int i) { translate_errors([&] { chip(resolve_index(i)).reset_counters(); }); });
   m.def("_unsupported_on_tpu", [] {
     py::dict out;
     for (const auto& [key, count] : unsupported_report()) {

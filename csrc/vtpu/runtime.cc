@@ -103,7 +103,24 @@ std::vector<int> Runtime::parse_visible_chips(const std::string& value, int num_
 }
 
 Chip::Chip(int index, int global_id, const Topology& topology, uint64_t hbm_bytes)
-    : index_(index), global_id_(global_id), topology_(topology), hbm_(index, hbm_bytes) {}
+    : index_(index),
+      global_id_(global_id),
+      topology_(topology),
+      hbm_(index, hbm_bytes),
+      counters_(topology.spec()) {}
+
+CounterSnapshot Chip::counters() {
+  double host = 0;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : streams_) host += s->busy_seconds();
+  return counters_.snapshot(host);
+}
+
+void Chip::reset_counters() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& s : streams_) s->reset_busy_seconds();
+  counters_.reset();
+}
 
 Stream& Chip::stream(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);

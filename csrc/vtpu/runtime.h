@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "vtpu/counters.h"
 #include "vtpu/hbm_allocator.h"
 #include "vtpu/stream.h"
 #include "vtpu/topology.h"
@@ -25,12 +26,17 @@ class Chip {
   Stream& stream(int64_t id);  // throws std::out_of_range for unknown ids
   int64_t new_stream();
   void synchronize();  // every stream of the chip; throws AsyncError
+  // Cost-model accounting of the ops issued to this chip.
+  void record_cost(const OpCost& cost) { counters_.record(cost); }
+  CounterSnapshot counters();  // host_seconds summed over the chip's streams
+  void reset_counters();
 
  private:
   int index_;
   int global_id_;
   const Topology& topology_;
   HbmAllocator hbm_;
+  ChipCounters counters_;
   std::mutex mu_;
   std::vector<std::unique_ptr<Stream>> streams_;  // created lazily
 };

@@ -27,6 +27,16 @@ void Stream::enqueue(std::string op_name, std::function<void()> work) {
   work_cv_.notify_one();
 }
 
+double Stream::busy_seconds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_seconds_;
+}
+
+void Stream::reset_busy_seconds() {
+  std::lock_guard<std::mutex> lock(mu_);
+  busy_seconds_ = 0;
+}
+
 void Stream::run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
@@ -39,6 +49,7 @@ void Stream::run() {
 
     std::string failure;
     bool failed = false;
+    const auto start = std::chrono::steady_clock::now();
     try {
       work();
     } catch (const std::exception& e) {
@@ -52,7 +63,9 @@ void Stream::run() {
     // reference to memory the caller waits to see released.
     work = nullptr;
 
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     lock.lock();
+    busy_seconds_ += took.count();
     if (failed && error_.empty()) {
       error_op_ = op_name;
       error_what_ = failure;

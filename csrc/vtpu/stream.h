@@ -42,6 +42,10 @@ class Stream {
   int64_t id() const { return id_; }
   // Whether the calling thread is this stream's worker.
   bool on_worker_thread() const;
+  // Host seconds the worker has spent running work (measured), since start
+  // or the last reset_busy_seconds().
+  double busy_seconds() const;
+  void reset_busy_seconds();
 
  private:
   void run();
@@ -53,6 +57,7 @@ class Stream {
   std::condition_variable work_cv_, idle_cv_;
   std::deque<std::pair<std::string, std::function<void()>>> queue_;
   bool busy_ = false;
+  double busy_seconds_ = 0;
   bool stop_ = false;
   std::string error_;  // empty when no error is pending
   std::string error_op_, error_what_;  // the parts of error_: "<op>: <what>"

@@ -1,0 +1,26 @@
+// Prices an ATen op for the cost model (vtpu/cost_model.h) from its schema,
+// arguments and results: FLOPs as torch.utils.flop_counter counts them,
+// HBM traffic in physical bytes, GEMM dimensions for matrix products.
+#pragma once
+
+#include <ATen/Context.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "vtpu/cost_model.h"
+
+namespace torch_tpu {
+
+// `args` are the op's arguments, `results` its tpu outputs (fresh and written).
+vtpu::OpCost op_cost(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+                     const std::vector<at::Tensor>& results, at::Float32MatmulPrecision precision);
+
+// A copy or fill that moves `bytes_read` and writes `bytes_written` HBM bytes.
+vtpu::OpCost transfer_cost(double bytes_read, double bytes_written);
+
+// Physical bytes a tensor occupies in HBM (tiled layout); 0 for undefined.
+double physical_bytes_of(const at::Tensor& t);
+
+}  // namespace torch_tpu

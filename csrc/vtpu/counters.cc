@@ -1,0 +1,38 @@
+#include "vtpu/counters.h"
+
+namespace vtpu {
+
+void ChipCounters::record(const OpCost& cost) {
+  const CostBreakdown own = estimate(own_, cost);
+  std::array<double, kNumGenerations> by_generation{};
+  const auto& specs = all_specs();
+  for (size_t g = 0; g < specs.size() && g < by_generation.size(); ++g) {
+    by_generation[g] = estimate(specs[g], cost).total_seconds;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  totals_.ops += 1;
+  totals_.emulated_ops += cost.emulated ? 1 : 0;
+  totals_.flops += cost.flops;
+  totals_.bytes_read += cost.bytes_read;
+  totals_.bytes_written += cost.bytes_written;
+  totals_.device.mxu_seconds += own.mxu_seconds;
+  totals_.device.vpu_seconds += own.vpu_seconds;
+  totals_.device.hbm_seconds += own.hbm_seconds;
+  totals_.device.overhead_seconds += own.overhead_seconds;
+  totals_.device.total_seconds += own.total_seconds;
+  for (size_t g = 0; g < by_generation.size(); ++g) totals_.device_seconds_by_generation[g] += by_generation[g];
+}
+
+CounterSnapshot ChipCounters::snapshot(double host_seconds) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  CounterSnapshot s = totals_;
+  s.host_seconds = host_seconds;
+  return s;
+}
+
+void ChipCounters::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  totals_ = CounterSnapshot{};
+}
+
+}  // namespace vtpu

@@ -1,0 +1,107 @@
+"""Runtime counters and the cost model's estimates, checked by hand."""
+
+import pytest
+import torch
+import torch_tpu
+
+
+@pytest.fixture
+def fresh_stats():
+    torch.tpu.synchronize()
+    torch_tpu.runtime.reset_stats()
+    yield
+    torch.tpu.synchronize()
+
+
+def _spec(gen):
+    return next(g for g in torch_tpu.runtime.generations() if g["generation"] == gen)
+
+
+def test_matmul_flops_bytes_and_estimate(fresh_stats):
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        a = torch.randn(256, 512, device="tpu", dtype=torch.bfloat16)
+        b = torch.randn(512, 1024, device="tpu", dtype=torch.bfloat16)
+        torch.tpu.synchronize()
+        torch_tpu.runtime.reset_stats()
+        c = a @ b
+        torch.tpu.synchronize()
+        s = torch_tpu.runtime.stats()
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert s["ops"] == 1
+    assert s["flops"] == 2 * 256 * 512 * 1024
+    # bf16 tiles are (16,128): these shapes are whole tiles, physical == logical
+    assert s["bytes_read"] == 2 * (256 * 512 + 512 * 1024)
+    assert s["bytes_written"] == 2 * 256 * 1024
+    spec = _spec(s["generation"])
+    mxu = s["flops"] / spec["peak_bf16_flops"]  # dims are multiples of the MXU size
+    hbm = (s["bytes_read"] + s["bytes_written"]) / spec["hbm_bandwidth"]
+    assert s["mxu_seconds"] == pytest.approx(mxu)
+    assert s["hbm_seconds"] == pytest.approx(hbm)
+    assert s["device_seconds"] == pytest.approx(max(mxu, hbm) + 2e-6)
+    assert s["host_seconds"] > 0
+    torch.testing.assert_close(c.cpu(), a.cpu() @ b.cpu())
+
+
+def test_fp32_highest_costs_six_passes(fresh_stats):
+    a = torch.randn(256, 256, device="tpu")
+    torch.tpu.synchronize()
+    for precision, passes in (("highest", 6), ("high", 3), ("medium", 1)):
+        old = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(precision)
+        try:
+            torch_tpu.runtime.reset_stats()
+            a @ a
+            s = torch_tpu.runtime.stats()
+        finally:
+            torch.set_float32_matmul_precision(old)
+        spec = _spec(s["generation"])
+        assert s["mxu_seconds"] == pytest.approx(passes * 2 * 256**3 / spec["peak_bf16_flops"]
+                                                 / (256 / spec["mxu_size"] if spec["mxu_size"] > 256 else 1))
+
+
+def test_elementwise_is_priced_at_bandwidth(fresh_stats):
+    x = torch.randn(1024, 1024, device="tpu")
+    torch.tpu.synchronize()
+    torch_tpu.runtime.reset_stats()
+    y = x * x
+    s = torch_tpu.runtime.stats()
+    assert s["flops"] == 1024 * 1024
+    assert s["bytes_read"] == 2 * 4 * 1024 * 1024 and s["bytes_written"] == 4 * 1024 * 1024
+    for gen, seconds in s["device_seconds_by_generation"].items():
+        spec = _spec(gen)
+        assert seconds == pytest.approx(12 * 1024 * 1024 / spec["hbm_bandwidth"] + 2e-6), gen
+    torch.testing.assert_close(y.cpu(), x.cpu() * x.cpu())
+
+
+def test_physical_bytes_count_tile_padding(fresh_stats):
+    x = torch.randn(3, 5, device="tpu")  # one (8,128) f32 tile: 4096 bytes
+    torch.tpu.synchronize()
+    torch_tpu.runtime.reset_stats()
+    x.neg()
+    s = torch_tpu.runtime.stats()
+    assert s["bytes_read"] == 4096 and s["bytes_written"] == 4096
+
+
+def test_conv_flops_match_flop_counter(fresh_stats):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, w = torch.randn(2, 3, 16, 16), torch.randn(8, 3, 3, 3)
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.conv2d(x, w, padding=1)
+    xt, wt = x.tpu(), w.tpu()
+    torch.tpu.synchronize()
+    torch_tpu.runtime.reset_stats()
+    torch.nn.functional.conv2d(xt, wt, padding=1)
+    assert torch_tpu.runtime.stats()["flops"] == counter.get_total_flops()
+
+
+def test_reset_and_float64_marked_emulated(fresh_stats):
+    torch_tpu.runtime.reset_stats()
+    assert torch_tpu.runtime.stats()["ops"] == 0
+    d = torch.ones(4, dtype=torch.float64, device="tpu")
+    torch_tpu.runtime.reset_stats()
+    d + d
+    assert torch_tpu.runtime.stats()["emulated_ops"] == 1
