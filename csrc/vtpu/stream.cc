@@ -21,7 +21,11 @@ Stream::~Stream() {
 
 void Stream::enqueue(std::string op_name, std::function<void()> work) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (queue_.size() >= kMaxQueuedWork) {
+      if (on_worker_thread()) throw std::logic_error("a stream's own work cannot wait for its queue");
+      space_cv_.wait(lock, [this] { return queue_.size() < kMaxQueuedWork / 2; });
+    }
     queue_.emplace_back(std::move(op_name), std::move(work));
   }
   work_cv_.notify_one();
@@ -44,6 +48,7 @@ void Stream::run() {
     if (queue_.empty()) return;  // stop_ and drained
     auto [op_name, work] = std::move(queue_.front());
     queue_.pop_front();
+    if (queue_.size() == kMaxQueuedWork / 2 - 1) space_cv_.notify_all();
     busy_ = true;
     lock.unlock();
 

@@ -23,12 +23,18 @@ class AsyncError : public std::runtime_error {
 
 class Stream {
  public:
+  // At most this many items wait in a queue: beyond it enqueue() blocks until
+  // half have run, as a CUDA launch queue does. This bounds host run-ahead and
+  // the memory that queued work keeps alive.
+  static constexpr size_t kMaxQueuedWork = 1024;
+
   Stream(int chip, int64_t id);
   ~Stream();  // drains the queue, then joins the worker
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
-  // Queues `work` to run after everything queued before it. Returns at once.
+  // Queues `work` to run after everything queued before it. Returns at once
+  // unless kMaxQueuedWork items are already waiting.
   // If `work` throws, the first error is kept ("sticky") with `op_name` and
   // later work still runs in order; the error is raised by the next
   // synchronize()/check_error().
@@ -54,7 +60,7 @@ class Stream {
   int chip_;
   int64_t id_;
   mutable std::mutex mu_;
-  std::condition_variable work_cv_, idle_cv_;
+  std::condition_variable work_cv_, idle_cv_, space_cv_;
   std::deque<std::pair<std::string, std::function<void()>>> queue_;
   bool busy_ = false;
   double busy_seconds_ = 0;

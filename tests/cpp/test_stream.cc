@@ -208,3 +208,25 @@ TEST(Event, BlockOnNeverRecordedEventDoesNotWait) {
 }
 
 }  // namespace
+
+TEST(StreamBackpressure, EnqueueBlocksWhenQueueIsFullAndResumes) {
+  vtpu::Stream stream(0, 7);
+  std::atomic<bool> release{false};
+  stream.enqueue("gate", [&] {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  std::atomic<int> ran{0};
+  std::atomic<bool> producer_done{false};
+  const int total = static_cast<int>(vtpu::Stream::kMaxQueuedWork) * 2;
+  std::thread producer([&] {
+    for (int i = 0; i < total; ++i) stream.enqueue("inc", [&ran] { ran.fetch_add(1); });
+    producer_done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(producer_done.load());  // blocked: the gate holds the queue full
+  EXPECT_EQ(ran.load(), 0);
+  release = true;
+  producer.join();
+  stream.synchronize();
+  EXPECT_EQ(ran.load(), total);
+}
