@@ -5,7 +5,17 @@
 PyTorch device. See README.md and DESIGN.md.
 """
 
-import torch
+
+def _autoload():
+    """Entry point of the ``torch.backends`` group: importing this module did the work.
+
+    Defined before ``import torch``: when ``torch_tpu`` is imported first (``python -m
+    torch_tpu.demo``), ``import torch`` runs the autoload entry point while this module is
+    still partially initialised, and the entry point must already resolve.
+    """
+
+
+import torch  # noqa: E402
 
 from . import _C
 from . import runtime  # noqa: F401,E402
@@ -31,11 +41,9 @@ torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
 )
 
+from .eager import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
+
 __version__ = "0.1.0"
 
 
-def _autoload():
-    """Entry point of the ``torch.backends`` group: importing this module did the work."""
-
-
-__all__ = ["__version__"]
+__all__ = ["__version__", "eager_mode", "get_eager_mode", "set_eager_mode"]

@@ -2,6 +2,8 @@
 // memory, device of a pointer and device counts.
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 
+#include <mutex>
+
 #include "aten/allocator.h"
 #include "aten/device.h"
 #include "aten/generator.h"
@@ -52,7 +54,8 @@ void TPUHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsiz
 
 void register_hooks() {
   static TPUHooks hooks;
-  at::RegisterPrivateUse1HooksInterface(&hooks);
+  static std::once_flag once;  // a second registration raises in ATen
+  std::call_once(once, [] { at::RegisterPrivateUse1HooksInterface(&hooks); });
 }
 
 }  // namespace torch_tpu

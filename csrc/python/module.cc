@@ -6,6 +6,7 @@
 #include "aten/allocator.h"
 #include "aten/device.h"
 #include "aten/errors.h"
+#include "aten/eager_mode.h"
 #include "aten/generator.h"
 #include "aten/portability.h"
 #include "vtpu/layout.h"
@@ -60,12 +61,52 @@ py::dict memory_stats_dict(c10::DeviceIndex index) {
   return d;
 }
 
+// "file.py:123" of the innermost frame outside torch and torch_tpu.
+std::string python_source_line() {
+  if (!Py_IsInitialized()) return "";
+  py::gil_scoped_acquire gil;
+  PyFrameObject* frame = PyEval_GetFrame();
+  Py_XINCREF(frame);
+  std::string found;
+  while (frame != nullptr && found.empty()) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    std::string file = py::str(code->co_filename);
+    Py_DECREF(code);
+    if (file.find("/torch/") == std::string::npos && file.find("/torch_tpu/") == std::string::npos) {
+      found = file + ":" + std::to_string(PyFrame_GetLineNumber(frame));
+    }
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  return found;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_tpu runtime bindings";
   m.attr("_DEVICE_TYPE") = static_cast<int>(kTPU);
-  m.def("_init", [] { translate_errors([] { register_hooks(); runtime(); }); });
+  m.def("_init", [] {
+    translate_errors([] {
+      register_hooks();
+      runtime();
+    });
+    set_source_line_provider(&python_source_line);
+  });
+  m.def("_get_eager_mode", [] { return std::string(eager_mode_name(global_eager_mode())); });
+  m.def("_set_eager_mode", [](const std::string& name) { set_global_eager_mode(parse_eager_mode(name)); });
+  m.def("_get_thread_eager_mode", []() -> py::object {
+    auto mode = thread_eager_mode();
+    return mode ? py::object(py::str(eager_mode_name(*mode))) : py::object(py::none());
+  });
+  m.def("_set_thread_eager_mode", [](std::optional<std::string> name) {
+    set_thread_eager_mode(name ? std::optional<EagerMode>(parse_eager_mode(*name)) : std::nullopt);
+  });
+  m.def("_effective_eager_mode", [] { return std::string(eager_mode_name(eager_mode())); });
+  m.def("_set_check_finite", [](bool enabled) { set_check_finite(enabled); });
+  m.def("_check_finite", [] { return check_finite(); });
   m.def("_device_count", [] { return translate_errors([] { return static_cast<int>(device_count()); }); });
   m.def("_current_device", [] { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int i) { translate_errors([&] { set_current_device(static_cast<c10::DeviceIndex>(i)); }); });

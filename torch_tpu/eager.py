@@ -1,0 +1,65 @@
+"""Eager execution modes of the tpu device.
+
+* ``"strict"`` (default): every op is queued on the chip's stream; the Python
+  thread does not wait; errors in queued work are raised at the next
+  synchronizing call, naming the op.
+* ``"debug"``: every op runs synchronously; index ops (``index_select``,
+  ``gather``, ``scatter``, ``embedding``, ``index``, ``index_put_``, ``take``)
+  check bounds and raise ``IndexError`` naming the op, the offending index and
+  the size; with ``TORCH_TPU_CHECK_FINITE=1`` (or :func:`set_check_finite`) the
+  first op whose output holds NaN/Inf raises. Errors name the op, its argument
+  shapes and dtypes, and the Python source line. ``TORCH_TPU_LAUNCH_BLOCKING=1``
+  selects it at start.
+* ``"defer_and_fuse"``: fusible ops are recorded and run as fused regions
+  (``TORCH_TPU_DEFER_AND_FUSE=1``). Not available yet: selecting it raises
+  ``NotImplementedError``.
+"""
+
+import contextlib
+import warnings
+from typing import Iterator
+
+from . import _C
+
+MODES = ("strict", "debug", "defer_and_fuse")
+_AVAILABLE = ("strict", "debug")
+
+
+def _check(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"unknown eager mode {mode!r}; valid modes: {', '.join(MODES)}")
+    if mode not in _AVAILABLE:
+        raise NotImplementedError(f"eager mode {mode!r} is not available yet; available: {', '.join(_AVAILABLE)}")
+    return mode
+
+
+def set_eager_mode(mode: str) -> None:
+    """Set the process-wide eager mode. Raises ValueError for an unknown mode."""
+    _C._set_eager_mode(_check(mode))
+
+
+def get_eager_mode() -> str:
+    """The eager mode of the calling thread (a thread-local ``eager_mode`` block wins)."""
+    return _C._effective_eager_mode()
+
+
+@contextlib.contextmanager
+def eager_mode(mode: str) -> Iterator[None]:
+    """Use ``mode`` on this thread inside the block (wins over the global mode)."""
+    _check(mode)
+    previous = _C._get_thread_eager_mode()
+    _C._set_thread_eager_mode(mode)
+    try:
+        yield
+    finally:
+        _C._set_thread_eager_mode(previous)
+
+
+def set_check_finite(enabled: bool) -> None:
+    """In debug mode, raise at the first op whose floating output holds NaN or Inf."""
+    _C._set_check_finite(bool(enabled))
+
+
+if _C._get_eager_mode() not in _AVAILABLE:  # TORCH_TPU_DEFER_AND_FUSE=1 before the mode exists
+    warnings.warn("TORCH_TPU_DEFER_AND_FUSE=1: defer_and_fuse is not available yet; running in strict mode")
+    _C._set_eager_mode("strict")
