@@ -20,15 +20,26 @@ Stream::~Stream() {
 }
 
 void Stream::enqueue(std::string op_name, std::function<void()> work) {
+  push(Item{nullptr, std::move(op_name), std::move(work)});
+}
+
+void Stream::enqueue_named(const char* static_op_name, std::function<void()> work) {
+  push(Item{static_op_name, std::string(), std::move(work)});
+}
+
+void Stream::push(Item item) {
+  bool wake;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (queue_.size() >= kMaxQueuedWork) {
       if (on_worker_thread()) throw std::logic_error("a stream's own work cannot wait for its queue");
       space_cv_.wait(lock, [this] { return queue_.size() < kMaxQueuedWork / 2; });
     }
-    queue_.emplace_back(std::move(op_name), std::move(work));
+    queue_.push_back(std::move(item));
+    queued_.store(queue_.size(), std::memory_order_release);
+    wake = sleeping_;
   }
-  work_cv_.notify_one();
+  if (wake) work_cv_.notify_one();  // a spinning worker needs no (costly) wake-up
 }
 
 double Stream::busy_seconds() const {
@@ -44,10 +55,26 @@ void Stream::reset_busy_seconds() {
 void Stream::run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty() && !stop_) {
+      // Ops issued back to back arrive faster than a futex wake-up: spin a
+      // little before sleeping.
+      lock.unlock();
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
+      while (queued_.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::yield();
+      }
+      lock.lock();
+      sleeping_ = true;
+      work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      sleeping_ = false;
+    }
     if (queue_.empty()) return;  // stop_ and drained
-    auto [op_name, work] = std::move(queue_.front());
+    Item item = std::move(queue_.front());
     queue_.pop_front();
+    queued_.store(queue_.size(), std::memory_order_release);
+    std::string op_name = item.name ? std::string() : std::move(item.owned_name);
+    const char* name = item.name ? item.name : op_name.c_str();
+    auto work = std::move(item.work);
     if (queue_.size() == kMaxQueuedWork / 2 - 1) space_cv_.notify_all();
     busy_ = true;
     lock.unlock();
@@ -72,9 +99,9 @@ void Stream::run() {
     lock.lock();
     busy_seconds_ += took.count();
     if (failed && error_.empty()) {
-      error_op_ = op_name;
+      error_op_ = name;
       error_what_ = failure;
-      error_ = op_name + ": " + failure;
+      error_ = std::string(name) + ": " + failure;
     }
     busy_ = false;
     if (queue_.empty()) idle_cv_.notify_all();

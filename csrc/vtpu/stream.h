@@ -1,6 +1,7 @@
 // Streams and events of a chip: in-order work queues run by worker threads.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -27,6 +28,8 @@ class Stream {
   // half have run, as a CUDA launch queue does. This bounds host run-ahead and
   // the memory that queued work keeps alive.
   static constexpr size_t kMaxQueuedWork = 1024;
+  // How long an idle worker polls for new work before it sleeps.
+  static constexpr int kSpinMicroseconds = 50;
 
   Stream(int chip, int64_t id);
   ~Stream();  // drains the queue, then joins the worker
@@ -39,6 +42,8 @@ class Stream {
   // later work still runs in order; the error is raised by the next
   // synchronize()/check_error().
   void enqueue(std::string op_name, std::function<void()> work);
+  // Same, for a name that outlives the work (no copy on the hot path).
+  void enqueue_named(const char* static_op_name, std::function<void()> work);
   // Blocks until all queued work has run; throws AsyncError if any failed
   // (the error is cleared once raised, so the stream stays usable).
   void synchronize();
@@ -61,7 +66,15 @@ class Stream {
   int64_t id_;
   mutable std::mutex mu_;
   std::condition_variable work_cv_, idle_cv_, space_cv_;
-  std::deque<std::pair<std::string, std::function<void()>>> queue_;
+  struct Item {
+    const char* name;   // static_op_name, or owned_name.c_str()
+    std::string owned_name;
+    std::function<void()> work;
+  };
+  void push(Item item);
+  std::deque<Item> queue_;
+  bool sleeping_ = false;            // worker waits on work_cv_ (guarded by mu_)
+  std::atomic<size_t> queued_{0};    // queue_.size(), readable without mu_
   bool busy_ = false;
   double busy_seconds_ = 0;
   bool stop_ = false;

@@ -1,0 +1,60 @@
+// Pieces of the op fallback shared between its strict path (fallback.cc) and
+// debug mode (debug_mode.cc).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <string>
+
+#include "aten/device.h"
+#include "aten/portability.h"
+
+namespace torch_tpu {
+
+// The device the op runs on and a check that its tensors agree about it.
+class DeviceCheck {
+ public:
+  explicit DeviceCheck(const std::string& op) : op_(op) {}
+  void tensor(const at::Tensor& t, bool host_allowed) {
+    if (!t.defined()) return;
+    if (unsupported_on_tpu(t.scalar_type()) && !noted_) {
+      note_unsupported(op_, t.scalar_type());
+      noted_ = true;
+    }
+    if (t.device().type() == kTPU) {
+      if (index_ < 0) {
+        index_ = t.device().index();
+      } else if (t.device().index() != index_) {
+        TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
+                    "devices, tpu:", index_, " and ", t.device(), "! (in ", op_, ")");
+      }
+      return;
+    }
+    // Host scalars mix with device tensors, as with CUDA; index lists may be on the host.
+    if (t.device().is_cpu() && (t.dim() == 0 || host_allowed)) return;
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu and ",
+                t.device(), "! (in ", op_, ": argument of shape ", t.sizes(), " and dtype ",
+                t.scalar_type(), " is on ", t.device(), ")");
+  }
+  void device(const c10::Device& d) {
+    if (d.type() == kTPU && index_ < 0) index_ = resolve_index(d.has_index() ? d.index() : -1);
+  }
+  c10::DeviceIndex index() const { return index_ < 0 ? current_device() : index_; }
+
+ private:
+  const std::string& op_;
+  c10::DeviceIndex index_ = -1;
+  bool noted_ = false;
+};
+
+// Synchronous path: waits for the chip, runs the CPU kernel on host aliases
+// on the calling thread, and leaves tpu results on the stack.
+void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& label);
+
+// Debug mode: runs `op` synchronously with bounds / NaN checks; errors carry
+// the op, its arguments and the Python source line.
+void debug_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& label);
+
+}  // namespace torch_tpu

@@ -1,0 +1,36 @@
+// Output metadata of an op from its meta kernel, cached per thread.
+//
+// Meta kernels are slow (many are Python registrations, ~100 us): their
+// answers are keyed by the op and everything a meta kernel can see (argument
+// shapes, strides, offsets, dtypes, storage sharing and non-tensor values).
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/SmallVector.h>
+
+#include <vector>
+
+namespace torch_tpu {
+
+// What the meta kernel said about one returned tensor.
+struct TensorMeta {
+  bool defined = false;
+  c10::DimVector sizes, strides;
+  int64_t offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+};
+struct ReturnMeta {
+  bool is_list = false;
+  std::vector<TensorMeta> tensors;
+};
+using MetaResult = std::vector<ReturnMeta>;
+
+bool meta_has_lists(const MetaResult& meta);
+
+// Runs the meta kernel on meta aliases of `args` (or reuses its cached
+// answer); throws what the meta kernel throws. The reference is valid until
+// the next call on this thread.
+const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+
+}  // namespace torch_tpu

@@ -1,0 +1,118 @@
+#include "aten/op_info.h"
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "aten/device.h"
+#include "aten/matmul_precision.h"
+
+namespace torch_tpu {
+namespace {
+
+ReturnAlias return_alias(const c10::FunctionSchema& schema, size_t ret) {
+  const c10::AliasInfo* r = alias_of(schema.returns()[ret]);
+  if (!r || r->beforeSets().empty()) return {};
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const c10::AliasInfo* a = alias_of(schema.arguments()[i]);
+    if (a && a->beforeSets() == r->beforeSets()) return {static_cast<int>(i), r->isWrite()};
+  }
+  return {};
+}
+
+bool returns_only_tensors(const c10::FunctionSchema& schema) {
+  for (const auto& r : schema.returns()) {
+    const auto& type = r.type();
+    if (type->kind() == c10::TypeKind::TensorType) continue;
+    if (type->kind() == c10::TypeKind::ListType &&
+        type->containedType(0)->kind() == c10::TypeKind::TensorType) {
+      continue;
+    }
+    return false;
+  }
+  return true;
+}
+
+// The out= overload of a functional op: same arguments followed by one
+// kwarg-only Tensor(a!) per return ("add.Tensor" -> "add.out"). Cached.
+std::optional<c10::OperatorHandle> find_out_variant(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  const std::string& overload = schema.overload_name();
+  for (const std::string& name : {overload.empty() ? std::string("out") : overload + "_out",
+                                  std::string("out")}) {
+    auto handle = c10::Dispatcher::singleton().findOp({schema.name(), name});
+    if (!handle) continue;
+    const auto& out = handle->schema();
+    const size_t n = schema.arguments().size(), r = schema.returns().size();
+    if (out.arguments().size() != n + r || out.returns().size() != r) continue;
+    bool same = true;
+    for (size_t i = 0; i < n && same; ++i) {
+      same = out.arguments()[i].name() == schema.arguments()[i].name() &&
+             *out.arguments()[i].type() == *schema.arguments()[i].type();
+    }
+    for (size_t i = n; i < n + r && same; ++i) {
+      const auto* a = out.arguments()[i].alias_info();
+      same = a && a->isWrite() && out.arguments()[i].kwarg_only() &&
+             out.arguments()[i].type()->kind() == c10::TypeKind::TensorType;
+    }
+    if (same) return handle;
+  }
+  return std::nullopt;
+}
+
+OpInfo* build(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  auto* info = new OpInfo;
+  info->label = op_label(schema);
+  info->sparse = info->label.find("sparse") != std::string::npos;
+  info->returns_only_tensors = returns_only_tensors(schema);
+  for (size_t r = 0; r < schema.returns().size(); ++r) info->returns.push_back(return_alias(schema, r));
+  for (const auto& a : schema.arguments()) info->writes_args |= (alias_of(a) && alias_of(a)->isWrite());
+  info->matmul = is_matmul_family(op);
+  info->out_variant = find_out_variant(op);
+  return info;
+}
+
+}  // namespace
+
+std::string op_label(const c10::FunctionSchema& schema) {
+  std::string name = schema.name();
+  if (!schema.overload_name().empty()) name += "." + schema.overload_name();
+  return name;
+}
+
+const c10::AliasInfo* alias_of(const c10::Argument& a) {
+  const c10::AliasInfo* info = a.alias_info();
+  if (info && info->beforeSets().empty() && !info->containedTypes().empty()) {
+    return &info->containedTypes()[0];  // Tensor(a)[]
+  }
+  return info;
+}
+
+bool is_generator_arg(const c10::Argument& a) {
+  auto type = a.type();
+  if (type->kind() == c10::TypeKind::OptionalType) type = type->containedType(0);
+  return type->kind() == c10::TypeKind::GeneratorType;
+}
+
+c10::IValue map_device(const c10::IValue& v, c10::DeviceType to) {
+  if (v.isDevice() && v.toDevice().type() == kTPU) return c10::IValue(c10::Device(to));
+  return v;
+}
+
+const OpInfo& op_info(const c10::OperatorHandle& op) {
+  // A lock-free per-thread map in front of the shared one.
+  thread_local std::unordered_map<const void*, const OpInfo*> local;
+  const void* key = &op.schema();
+  auto it = local.find(key);
+  if (it != local.end()) return *it->second;
+  static std::mutex mu;
+  static std::unordered_map<const void*, std::unique_ptr<OpInfo>> shared;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = shared[key];
+  if (!slot) slot.reset(build(op));
+  local.emplace(key, slot.get());
+  return *slot;
+}
+
+}  // namespace torch_tpu
