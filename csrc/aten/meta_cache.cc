@@ -171,6 +171,8 @@ bool meta_has_lists(const MetaResult& meta) {
 const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args) {
   MetaKey key{&op.schema(), {}};
   key.words.reserve(64);
+  // Factories without a dtype argument follow the default dtype.
+  key.words.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   KeyWriter writer(key.words);
   bool cacheable = true;
   for (const IValue& v : args) cacheable = cacheable && writer.value(v);
