@@ -30,23 +30,32 @@ def _gen(device) -> torch.Generator:
     return _C._default_generator(_device_index(device))
 
 
+def _wait(gen: torch.Generator) -> torch.Generator:
+    # The generator waits for its chip's queued work before it changes or
+    # reads its state, but PyTorch's Generator bindings keep the GIL while they
+    # wait: queued kernels that need the GIL (Python kernels of custom ops)
+    # would deadlock. torch.tpu.synchronize releases the GIL; wait here first.
+    _C._synchronize(gen.device.index)
+    return gen
+
+
 def manual_seed(seed: int) -> None:
     """Seed the current chip's generator."""
-    _gen(None).manual_seed(int(seed))
+    _wait(_gen(None)).manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
     for g in default_generators:
-        g.manual_seed(int(seed))
+        _wait(g).manual_seed(int(seed))
 
 
 def seed() -> None:
-    _gen(None).seed()
+    _wait(_gen(None)).seed()
 
 
 def seed_all() -> None:
     for g in default_generators:
-        g.seed()
+        _wait(g).seed()
 
 
 def initial_seed() -> int:
@@ -55,17 +64,17 @@ def initial_seed() -> int:
 
 def get_rng_state(device="tpu") -> torch.Tensor:
     """The generator state as a CPU uint8 tensor."""
-    return _gen(device).get_state()
+    return _wait(_gen(device)).get_state()
 
 
 def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
-    _gen(device).set_state(new_state.cpu())
+    _wait(_gen(device)).set_state(new_state.cpu())
 
 
 def get_rng_state_all() -> List[torch.Tensor]:
-    return [g.get_state() for g in default_generators]
+    return [_wait(g).get_state() for g in default_generators]
 
 
 def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
     for g, state in zip(default_generators, new_states):
-        g.set_state(state.cpu())
+        _wait(g).set_state(state.cpu())
