@@ -1,5 +1,7 @@
 #include "aten/device.h"
 
+#include <atomic>
+#include <mutex>
 #include <vector>
 
 #include "aten/errors.h"
@@ -13,7 +15,26 @@ thread_local std::vector<int64_t> tls_streams;
 
 }  // namespace
 
+namespace {
+std::atomic<BlockingRunner> blocking_runner{nullptr};
+
+// Sticky errors keep the failing kernel's message without its C++ backtrace.
+std::string format_async_error(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+}  // namespace
+
 vtpu::Runtime& runtime() {
+  static std::once_flag once;
+  std::call_once(once, [] { vtpu::Stream::set_error_formatter(&format_async_error); });
   return translate_errors([]() -> vtpu::Runtime& { return vtpu::Runtime::get(); });
 }
 
@@ -62,9 +83,25 @@ vtpu::Stream& vtpu_stream(const c10::Stream& stream) {
   return translate_errors([&]() -> vtpu::Stream& { return c.stream(stream.id()); });
 }
 
+
+void set_blocking_runner(BlockingRunner runner) { blocking_runner.store(runner); }
+
+void run_blocking(const std::function<void()>& wait) {
+  BlockingRunner runner = blocking_runner.load();
+  if (runner) {
+    runner(wait);
+  } else {
+    wait();
+  }
+}
+
 void synchronize_device(c10::DeviceIndex index) {
   auto& c = chip(resolve_index(index));
-  translate_errors([&] { c.synchronize(); });
+  translate_errors([&] { run_blocking([&] { c.synchronize(); }); });
+}
+
+void synchronize_stream(vtpu::Stream& stream) {
+  translate_errors([&] { run_blocking([&] { stream.synchronize(); }); });
 }
 
 }  // namespace torch_tpu

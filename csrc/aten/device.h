@@ -5,6 +5,8 @@
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
 
+#include <functional>
+
 #include "vtpu/runtime.h"
 
 namespace torch_tpu {
@@ -34,5 +36,14 @@ inline vtpu::Stream& current_vtpu_stream(c10::DeviceIndex index) {
 
 // Waits for every stream of the chip; raises RuntimeError for failed work.
 void synchronize_device(c10::DeviceIndex index = -1);
+// Waits for one stream; raises RuntimeError for failed work.
+void synchronize_stream(vtpu::Stream& stream);
+
+// Every wait for a chip goes through run_blocking(): the Python bindings
+// install a runner that releases the GIL meanwhile, so queued work that needs
+// it (Python kernels) cannot deadlock against a waiting Python thread.
+using BlockingRunner = void (*)(const std::function<void()>& wait);
+void set_blocking_runner(BlockingRunner runner);
+void run_blocking(const std::function<void()>& wait);
 
 }  // namespace torch_tpu

@@ -334,7 +334,9 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
     if (!is_out[i]) continue;
     const auto& result = cpu_args[i].toTensor();
     const auto& tpu = args[i].toTensor();
-    set_metadata_like(tpu, result);
+    // out= semantics: resized only when the shape differs (keeping its
+    // storage offset); a view keeps its strides and offset.
+    if (!tpu.sizes().equals(result.sizes())) tpu.resize_(result.sizes());
     host_alias(tpu).copy_(result);
   }
   torch::jit::drop(*stack, num_args);

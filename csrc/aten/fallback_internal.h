@@ -28,7 +28,7 @@ class DeviceCheck {
         index_ = t.device().index();
       } else if (t.device().index() != index_) {
         TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
-                    "devices, tpu:", index_, " and ", t.device(), "! (in ", op_, ")");
+                    "devices, tpu:", static_cast<int>(index_), " and ", t.device(), "! (in ", op_, ")");
       }
       return;
     }

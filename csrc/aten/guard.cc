@@ -55,7 +55,7 @@ struct TPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
               const c10::EventFlag flag) const override {
     TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
-                "event device index ", device_index, " does not match the stream's device ",
+                "event device index ", static_cast<int>(device_index), " does not match the stream's device ",
                 stream.device());
     if (*event == nullptr) *event = new vtpu::Event(flag == c10::EventFlag::BACKEND_DEFAULT);
     auto& s = vtpu_stream(stream);
@@ -70,7 +70,7 @@ struct TPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return event == nullptr || as_event(event)->query();
   }
   void synchronizeEvent(void* event) const override {
-    if (event) as_event(event)->synchronize();
+    if (event) run_blocking([&] { as_event(event)->synchronize(); });
   }
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
     delete as_event(event);
@@ -83,7 +83,7 @@ struct TPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   bool queryStream(const c10::Stream& stream) const override { return vtpu_stream(stream).query(); }
   void synchronizeStream(const c10::Stream& stream) const override {
     auto& s = vtpu_stream(stream);
-    translate_errors([&] { s.synchronize(); });
+    synchronize_stream(s);
   }
   void synchronizeDevice(const c10::DeviceIndex index) const override {
     synchronize_device(index);

@@ -71,7 +71,7 @@ at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_
     } else {
       // Large pageable copies wait for the stream and copy directly, as
       // cudaMemcpy does: a snapshot would cost a second pass over the data.
-      translate_errors([&] { stream.synchronize(); });
+      synchronize_stream(stream);
       host_alias(dst).copy_(source);
     }
     return dst;
@@ -83,7 +83,7 @@ at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_
     enqueue_copy(stream, TensorRecipe::of(dst), TensorRecipe::of(source));
     return dst;
   }
-  translate_errors([&] { stream.synchronize(); });
+  synchronize_stream(stream);
   dst.copy_(host_alias(source));
   return dst;
 }
@@ -95,7 +95,7 @@ at::Tensor copy_from_and_resize_tpu(const at::Tensor& src, const at::Tensor& dst
 
 at::Scalar local_scalar_dense_tpu(const at::Tensor& self) {
   auto& stream = current_vtpu_stream(self.device().index());
-  translate_errors([&] { stream.synchronize(); });
+  synchronize_stream(stream);
   return host_alias(self).item();
 }
 

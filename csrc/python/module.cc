@@ -83,9 +83,41 @@ std::string python_source_line() {
   return found;
 }
 
+// Waits for a chip with the GIL released (when this thread holds it).
+void release_gil_while(const std::function<void()>& wait) {
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    py::gil_scoped_release release;
+    wait();
+  } else {
+    wait();
+  }
+}
+
+// c10 errors leaving these bindings become PyTorch's Python exception types,
+// without C++ backtraces (PyTorch's own translators do not see this module).
+void translate_c10_error(std::exception_ptr error) {
+  try {
+    if (error) std::rethrow_exception(error);
+  } catch (const c10::OutOfMemoryError& e) {
+    PyErr_SetString(py::module_::import("torch").attr("OutOfMemoryError").ptr(), e.what_without_backtrace());
+  } catch (const c10::IndexError& e) {
+    PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+  } catch (const c10::ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+  } catch (const c10::TypeError& e) {
+    PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+  } catch (const c10::NotImplementedError& e) {
+    PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
+  py::register_local_exception_translator(&translate_c10_error);
+  set_blocking_runner(&release_gil_while);
   m.doc() = "torch_tpu runtime bindings";
   m.attr("_DEVICE_TYPE") = static_cast<int>(kTPU);
   m.def("_init", [] {

@@ -19,6 +19,16 @@ Stream::~Stream() {
   worker_.join();  // run() drains the queue before it returns
 }
 
+namespace {
+std::atomic<Stream::ErrorFormatter>& formatter_slot() {
+  static std::atomic<Stream::ErrorFormatter> slot{nullptr};
+  return slot;
+}
+Stream::ErrorFormatter error_formatter() { return formatter_slot().load(std::memory_order_acquire); }
+}  // namespace
+
+void Stream::set_error_formatter(ErrorFormatter formatter) { formatter_slot().store(formatter); }
+
 void Stream::enqueue(std::string op_name, std::function<void()> work) {
   push(Item{nullptr, std::move(op_name), std::move(work)});
 }
@@ -86,7 +96,7 @@ void Stream::run() {
       work();
     } catch (const std::exception& e) {
       failed = true;
-      failure = e.what();
+      failure = error_formatter() ? error_formatter()(std::current_exception()) : e.what();
     } catch (...) {
       failed = true;
       failure = "unknown error";

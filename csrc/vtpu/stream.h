@@ -42,6 +42,11 @@ class Stream {
   // later work still runs in order; the error is raised by the next
   // synchronize()/check_error().
   void enqueue(std::string op_name, std::function<void()> work);
+  // How failed work's exception becomes the sticky error's message (the
+  // framework above knows its exception types: e.g. without C++ backtraces).
+  // Called inside a catch block. Default: std::exception::what().
+  using ErrorFormatter = std::string (*)(std::exception_ptr);
+  static void set_error_formatter(ErrorFormatter formatter);
   // Same, for a name that outlives the work (no copy on the hot path).
   void enqueue_named(const char* static_op_name, std::function<void()> work);
   // Blocks until all queued work has run; throws AsyncError if any failed

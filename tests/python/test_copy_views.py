@@ -212,13 +212,7 @@ def test_views_share_storage_and_match_cpu():
     assert torch.equal(r.cpu(), c.t().reshape(24))
 
 
-_DEBUG_VIEW_WRITES = pytest.mark.xfail(
-    strict=True, reason="BUG: in the debug eager mode, in-place and out= ops on a view with a storage offset "
-    "or strides write as if the view were contiguous at offset 0 (t[3].add_(5) on zeros(4,6) adds to row 0; "
-    "zeros(6)[::2].add_(1) writes elements 0..2)")
-
-
-@pytest.mark.parametrize("mode", ["strict", pytest.param("debug", marks=_DEBUG_VIEW_WRITES)])
+@pytest.mark.parametrize("mode", ["strict", "debug"])
 def test_writes_through_views(mode):
     import torch_tpu
 

@@ -45,9 +45,6 @@ def test_set_device_out_of_range(index):
     assert_usable()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: exceptions raised inside torch_tpu._C bindings are not translated "
-                   "by PyTorch's handler (pybind11 internals differ): c10::IndexError arrives as RuntimeError "
-                   "and the message carries the C++ backtrace ('Exception raised from ... frame #0')")
 def test_set_device_out_of_range_is_index_error_without_backtrace():
     with pytest.raises(IndexError) as info:
         torch.tpu.set_device(99)
@@ -87,14 +84,7 @@ def test_copy_between_mismatched_shapes(direction):
     assert_usable()
 
 
-_DEVICE_INDEX_AS_CHAR = pytest.mark.xfail(
-    strict=True, reason="BUG: fallback.cc DeviceCheck streams the c10::DeviceIndex (int8_t) as a char: "
-    "'tpu:' followed by byte 0x00 truncates the message to '...two devices, tpu:' (tpu:1 prints '\\x01')")
-
-
-@pytest.mark.parametrize("op", ["add", "mul_", "copysign",
-                                *[pytest.param(o, marks=_DEVICE_INDEX_AS_CHAR)
-                                  for o in ("cat", "mm", "where", "index_select", "stack")]])
+@pytest.mark.parametrize("op", ["add", "mul_", "copysign", "cat", "mm", "where", "index_select", "stack"])
 def test_mixing_chips_raises(op):
     a = torch.ones(3, 3, device="tpu:0")
     b = torch.ones(3, 3, device="tpu:1")

@@ -162,9 +162,6 @@ def test_seed_applies_to_ops_queued_after_it(gate, how):
     del y
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Generator.manual_seed/get_state/set_state on a tpu generator "
-                   "wait for the chip while PyTorch's binding holds the GIL: queued work that needs the GIL "
-                   "(a Python kernel of a custom op) deadlocks the process")
 def test_generator_seed_with_python_kernel_queued_does_not_deadlock(run_python):
     import subprocess
     code = """

@@ -271,9 +271,6 @@ def test_async_error_does_not_corrupt_later_results():
     assert b.cpu().tolist() == [float(i * i) for i in range(8)]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a sticky error's message carries the failing CPU kernel's "
-                   "C++ backtrace ('Exception raised from ... frame #0 ...'): the stream keeps e.what() "
-                   "of the c10::Error instead of what_without_backtrace()")
 def test_async_error_message_has_no_cpp_backtrace():
     other = torch.ones(3, device="tpu")
     _bad_index_select()

@@ -107,9 +107,6 @@ def test_unknown_topology(run_python):
     assert "'v9z-8'" in msg and VALID_GENERATIONS in msg
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: torch_tpu._C bindings bypass PyTorch's exception translation: "
-                   "torch.tpu.init() with a bad topology raises RuntimeError (with a C++ backtrace in the "
-                   "message) instead of the documented ValueError")
 def test_unknown_topology_init_raises_value_error(run_python):
     out = run_python("""
         import json, torch
