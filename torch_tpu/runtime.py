@@ -40,8 +40,19 @@ def stats(device=None) -> Dict[str, object]:
     for v4, v5e, v5p, v6e, tpu7x), ``emulated_ops`` (float64/complex) and
     ``generation``. Work still queued is counted when issued; call
     ``torch.tpu.synchronize()`` first for settled ``host_seconds``.
+
+    Collectives (tpu_dist) add, apart from ``device_seconds``: ``collectives`` (count,
+    including sends), ``collective_bytes`` (bytes of the buffers they were called with),
+    ``ici_bytes`` (bytes this chip sends over ICI by the ring formulas: 2(n-1)/n x bytes for
+    all_reduce, (n-1)/n x bytes of the n-rank buffer for all_gather/reduce_scatter),
+    ``ici_seconds`` (estimated: ici_bytes / (links x the generation's per-link bandwidth) plus
+    1 us per ring step), ``ici_seconds_by_generation``, ``dcn_bytes`` and ``dcn_seconds``
+    (between hosts). They are recorded when the collective runs.
     """
-    return _C._stats(_index(device))
+    index = _index(device)
+    out = _C._stats(index)
+    out.update(_C._collective_stats(index))
+    return out
 
 
 def reset_stats(device=None) -> None:

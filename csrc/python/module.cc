@@ -16,6 +16,7 @@ namespace py = pybind11;
 
 namespace torch_tpu {
 void register_hooks();  // hooks.cc
+void register_distributed_bindings(pybind11::module_& m);  // distributed_bindings.cc
 }
 
 namespace {
@@ -120,6 +121,7 @@ PYBIND11_MODULE(_C, m) {
   set_blocking_runner(&release_gil_while);
   m.doc() = "torch_tpu runtime bindings";
   m.attr("_DEVICE_TYPE") = static_cast<int>(kTPU);
+  register_distributed_bindings(m);
   m.def("_init", [] {
     translate_errors([] {
       register_hooks();

@@ -1,5 +1,7 @@
 #include "vtpu/counters.h"
 
+#include <algorithm>
+
 namespace vtpu {
 
 void ChipCounters::record(const OpCost& cost) {
@@ -21,6 +23,34 @@ void ChipCounters::record(const OpCost& cost) {
   totals_.device.overhead_seconds += own.overhead_seconds;
   totals_.device.total_seconds += own.total_seconds;
   for (size_t g = 0; g < by_generation.size(); ++g) totals_.device_seconds_by_generation[g] += by_generation[g];
+}
+
+double collective_seconds(const ChipSpec& spec, const CollectiveCost& cost) {
+  double seconds = cost.ici_steps * kIciHopLatencySeconds + cost.dcn_bytes / kDcnBandwidth;
+  if (cost.ici_bytes > 0) {
+    const int links = std::max(1, std::min(cost.ici_links, spec.ici_links));
+    seconds += cost.ici_bytes / (links * spec.ici_link_bandwidth);
+  }
+  return seconds;
+}
+
+void ChipCounters::record_collective(const CollectiveCost& cost) {
+  std::array<double, kNumGenerations> by_generation{};
+  const auto& specs = all_specs();
+  for (size_t g = 0; g < specs.size() && g < by_generation.size(); ++g) {
+    by_generation[g] = collective_seconds(specs[g], CollectiveCost{cost.payload_bytes, cost.ici_bytes,
+                                                                   cost.ici_links, cost.ici_steps, 0});
+  }
+  const double ici = collective_seconds(own_, CollectiveCost{cost.payload_bytes, cost.ici_bytes,
+                                                            cost.ici_links, cost.ici_steps, 0});
+  std::lock_guard<std::mutex> lock(mu_);
+  totals_.collectives += 1;
+  totals_.collective_bytes += cost.payload_bytes;
+  totals_.ici_bytes += cost.ici_bytes;
+  totals_.ici_seconds += ici;
+  for (size_t g = 0; g < by_generation.size(); ++g) totals_.ici_seconds_by_generation[g] += by_generation[g];
+  totals_.dcn_bytes += cost.dcn_bytes;
+  totals_.dcn_seconds += cost.dcn_bytes / kDcnBandwidth;
 }
 
 CounterSnapshot ChipCounters::snapshot(double host_seconds) const {

@@ -28,6 +28,7 @@ class Chip {
   void synchronize();  // every stream of the chip; throws AsyncError
   // Cost-model accounting of the ops issued to this chip.
   void record_cost(const OpCost& cost) { counters_.record(cost); }
+  void record_collective(const CollectiveCost& cost) { counters_.record_collective(cost); }
   CounterSnapshot counters();  // host_seconds summed over the chip's streams
   void reset_counters();
 

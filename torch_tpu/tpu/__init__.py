@@ -232,6 +232,16 @@ def topology() -> dict:
     return _C._topology()
 
 
+def topology_aware_mesh(mesh_shape, world_size=None):
+    """Rank layout (int64 tensor of shape ``mesh_shape``, same on every rank) whose mesh axes
+    follow the slice's ICI rings; pass it to ``DeviceMesh("tpu", ...)``. See
+    :func:`torch_tpu.distributed.topology_aware_mesh` (raises ValueError for a shape that does
+    not match the ranks)."""
+    from ..distributed.mesh import topology_aware_mesh as _impl
+
+    return _impl(mesh_shape, world_size)
+
+
 __all__ = [
     "Event", "Stream", "current_device", "current_stream", "default_stream", "device", "device_count",
     "empty_cache", "get_amp_supported_dtype", "get_device_name", "get_device_properties",
@@ -239,5 +249,5 @@ __all__ = [
     "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated", "max_memory_reserved",
     "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
     "reset_peak_memory_stats", "seed", "seed_all", "set_device", "set_rng_state", "set_rng_state_all",
-    "set_stream", "stream", "synchronize", "topology",
+    "set_stream", "stream", "synchronize", "topology", "topology_aware_mesh",
 ]

@@ -1,0 +1,165 @@
+// tpu_dist: the c10d backend of torch_tpu. One process per chip; collectives
+// between the processes of a host travel through shared memory (the model's
+// ICI), ordered with the chips' streams.
+//
+// Execution: a collective is validated on the calling thread, then queued on
+// the group's collective thread, which waits until the tensors' streams have
+// reached the point of the call (an event), runs the collective on the
+// device memory, and completes the Work. Work::wait() blocks the caller until
+// then and raises the collective's error. Sends and receives run on one
+// thread per peer, so point-to-point traffic never waits behind collectives.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "aten/host_alias.h"
+#include "distributed/collectives.h"
+#include "distributed/transport.h"
+
+namespace torch_tpu::dist {
+
+// A Work completed by a tpu_dist thread.
+class TpuWork : public c10d::Work {
+ public:
+  TpuWork(int rank, c10d::OpType type, const char* profiling_title, std::vector<at::Tensor> outputs);
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  uint64_t getSequencenumber() const override { return seq_; }
+  void set_sequence_number(uint64_t seq) { seq_ = seq; }
+  void complete(std::exception_ptr error);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  uint64_t seq_ = 0;
+};
+
+// One worker thread running tasks in order.
+class Executor {
+ public:
+  explicit Executor(std::string name);
+  ~Executor();  // runs what is queued, then joins
+  void submit(std::function<void()> task);
+
+ private:
+  void run();
+  std::string name_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class TpuBackend : public c10d::Backend {
+ public:
+  struct Config {
+    std::chrono::milliseconds timeout{60000};
+    std::string group_name;
+    std::vector<int64_t> global_ranks;
+    size_t buffer_bytes = 0;  // 0: TORCH_TPU_DIST_BUFFER_BYTES or 8 MiB
+    size_t p2p_bytes = 0;     // 0: TORCH_TPU_DIST_P2P_BYTES or 1 MiB
+    size_t small_bytes = 0;   // 0: TORCH_TPU_DIST_SMALL_BYTES or 64 KiB
+  };
+
+  TpuBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, Config config);
+  ~TpuBackend() override;
+
+  const std::string getBackendName() const override { return "tpu_dist"; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void shutdown() override;
+  void abort() override;
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_split_sizes,
+                                               std::vector<int64_t>& input_split_sizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  std::chrono::milliseconds timeout() const { return group_->options().timeout; }
+  const Config& config() const { return config_; }
+
+ private:
+  using Body = std::function<void()>;
+  // Queues `body` on `executor` after the current streams of `tensors` reach
+  // this point; the returned Work completes when it has run.
+  // `devices`: tpu device indices whose current streams the op waits for.
+  c10::intrusive_ptr<c10d::Work> launch(Executor& executor, c10d::OpType type, const char* title,
+                                        const std::vector<int>& devices, std::vector<at::Tensor> outputs,
+                                        uint64_t first_seq, std::function<void(uint64_t)> body);
+  void check_usable(const char* op) const;
+  Executor& peer_executor(std::map<int, std::unique_ptr<Executor>>& executors, int peer, const char* kind);
+  // Records the cost of a collective on the chip of `device` (no-op for host tensors).
+  void record(const Arrival& a, OpKind op, double payload_bytes, uint64_t seq, int device);
+
+  // Bodies shared by the list, tensor and coalesced entry points (run on the collective thread).
+  // `outputs`: one per rank, or one holding all ranks' blocks.
+  void run_all_gather(uint64_t seq, const TensorRecipe& input, const std::vector<TensorRecipe>& outputs,
+                      const Descriptor& d, const std::string& what, int device);
+  // `inputs`: one per rank, or one holding all ranks' blocks.
+  void run_reduce_scatter(uint64_t seq, const std::vector<TensorRecipe>& inputs, const TensorRecipe& output,
+                          int redop, double factor, const Descriptor& d, const std::string& what, int device);
+
+  Config config_;
+  std::unique_ptr<ShmGroup> group_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Executor> collectives_;
+  std::mutex peers_mu_;
+  std::map<int, std::unique_ptr<Executor>> senders_, receivers_;
+  std::atomic<uint64_t> seq_{0};
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace torch_tpu::dist
