@@ -6,7 +6,7 @@
 //          live in tile scratch.
 // unfused: one kernel per op (FusionOptions::fuse = false); every
 //          intermediate is a full-size array in memory.
-// Usage: exec_bench [--repeats N] [--sizes 1048576,4194304,...] [--dtype f32|bf16]
+// Usage: exec_bench [--repeats N] [--sizes 1048576,4194304,...] [--dtype f32|bf16] [--tile N]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <ctime>
 #include <vector>
 
 #include "exec/executor.h"
@@ -37,17 +38,33 @@ ir::Graph gelu_graph(int64_t n, ir::ElementType t) {
   return b.build();
 }
 
-double seconds_per_run(const exec::CompiledRegion& r, const std::vector<exec::Buffer>& in,
-                       const std::vector<exec::Buffer>& out, int repeats) {
-  exec::run(r, in, out);  // warm: page in outputs and the temp arena
-  std::vector<double> t;
+struct Timing {
+  double wall, cpu;  // seconds per run, medians
+};
+
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Medians over `repeats` runs after a warm-up (which pages in the outputs and
+// the temp arena). Thread CPU time is reported beside wall time because the
+// development machine is shared: it does not count time spent preempted.
+Timing time_runs(const exec::CompiledRegion& r, const std::vector<exec::Buffer>& in,
+                 const std::vector<exec::Buffer>& out, int repeats) {
+  exec::run(r, in, out);
+  std::vector<double> wall, cpu;
   for (int i = 0; i < repeats; ++i) {
     auto t0 = std::chrono::steady_clock::now();
+    double c0 = thread_cpu_seconds();
     exec::run(r, in, out);
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    cpu.push_back(thread_cpu_seconds() - c0);
+    wall.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];  // median: the machine is shared
+  std::sort(wall.begin(), wall.end());
+  std::sort(cpu.begin(), cpu.end());
+  return {wall[wall.size() / 2], cpu[cpu.size() / 2]};
 }
 
 }  // namespace
@@ -56,6 +73,7 @@ int main(int argc, char** argv) {
   int repeats = 7;
   std::vector<int64_t> sizes = {1 << 20, 1 << 22, 1 << 24};
   ir::ElementType dtype = ir::ElementType::f32;
+  int64_t tile = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--repeats" && i + 1 < argc) {
@@ -68,21 +86,27 @@ int main(int argc, char** argv) {
         sizes.push_back(std::atoll(s.substr(p, q - p).c_str()));
         p = q == std::string::npos ? s.size() : q + 1;
       }
+    } else if (a == "--tile" && i + 1 < argc) {
+      tile = std::atoll(argv[++i]);
     } else if (a == "--dtype" && i + 1 < argc) {
       std::string d = argv[++i];
       dtype = d == "bf16" ? ir::ElementType::bf16 : ir::ElementType::f32;
     } else {
-      std::fprintf(stderr, "usage: %s [--repeats N] [--sizes a,b,...] [--dtype f32|bf16]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--repeats N] [--sizes a,b,...] [--dtype f32|bf16] [--tile N]\n", argv[0]);
       return 2;
     }
   }
-  std::printf("tanh-GELU chain (%s), median of %d runs, single thread\n", ir::element_type_name(dtype), repeats);
-  std::printf("%12s %8s %12s %12s %8s %14s %14s\n", "elements", "kernels", "fused ms", "unfused ms", "ratio",
-              "fused GB/s", "unfused temps");
+  std::printf("tanh-GELU chain (%s), medians of %d runs, one thread; ms of thread CPU time (wall in parentheses)\n",
+              ir::element_type_name(dtype), repeats);
+  std::printf("%10s %7s %22s %22s %7s %9s %11s\n", "elements", "kernels", "fused ms", "unfused ms", "ratio",
+              "fused GB/s", "unfused tmp");
   for (int64_t n : sizes) {
     ir::Graph g = gelu_graph(n, dtype);
-    exec::CompiledRegion fused = exec::compile(g);
+    exec::CompileOptions fusion;
+    fusion.tile_elements = tile;
+    exec::CompiledRegion fused = exec::compile(g, fusion);
     exec::CompileOptions no_fusion;
+    no_fusion.tile_elements = tile;
     no_fusion.fusion.fuse = false;
     exec::CompiledRegion unfused = exec::compile(g, no_fusion);
     const int64_t es = ir::element_size(dtype);
@@ -95,8 +119,8 @@ int main(int argc, char** argv) {
       else reinterpret_cast<uint16_t*>(x.data())[i] = ir::f32_to_bf16(v);
     }
     std::vector<exec::Buffer> in{exec::Buffer::contiguous(x.data(), dtype, {n})};
-    double tf = seconds_per_run(fused, in, {exec::Buffer::contiguous(y1.data(), dtype, {n})}, repeats);
-    double tu = seconds_per_run(unfused, in, {exec::Buffer::contiguous(y2.data(), dtype, {n})}, repeats);
+    Timing tf = time_runs(fused, in, {exec::Buffer::contiguous(y1.data(), dtype, {n})}, repeats);
+    Timing tu = time_runs(unfused, in, {exec::Buffer::contiguous(y2.data(), dtype, {n})}, repeats);
     double max_diff = 0;
     for (int64_t i = 0; i < n; ++i) {
       float a, b;
@@ -109,10 +133,10 @@ int main(int argc, char** argv) {
       }
       max_diff = std::max(max_diff, static_cast<double>(std::fabs(a - b)));
     }
-    std::printf("%12lld %3lld/%-4lld %12.3f %12.3f %7.2fx %14.2f %11.1f MB   (max |fused-unfused| %.2g)\n",
+    std::printf("%10lld %3lld/%-3lld %9.3f (%9.3f) %9.3f (%9.3f) %6.2fx %9.2f %8.1f MB  max|fused-unfused| %.2g\n",
                 static_cast<long long>(n), static_cast<long long>(fused.num_kernels()),
-                static_cast<long long>(unfused.num_kernels()), tf * 1e3, tu * 1e3, tu / tf,
-                2.0 * n * es / tf / 1e9, unfused.temp_bytes() / 1e6, max_diff);
+                static_cast<long long>(unfused.num_kernels()), tf.cpu * 1e3, tf.wall * 1e3, tu.cpu * 1e3,
+                tu.wall * 1e3, tu.cpu / tf.cpu, 2.0 * n * es / tf.cpu / 1e9, unfused.temp_bytes() / 1e6, max_diff);
   }
   exec::release_thread_scratch();
   return 0;

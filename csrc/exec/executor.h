@@ -7,9 +7,11 @@
 // compile() runs the IR passes (CSE, DCE), plans fusion (ir/fusion.h) and
 // turns each fused kernel into a tile program: one tight loop per op over a
 // tile of the kernel's iteration space (1024-4096 elements, sized so that the
-// tile's live values stay in L1/L2, like a TPU's VMEM), with loads and stores
+// tile's live values stay in L1, like a TPU's VMEM), with loads and stores
 // only for the values the plan reads and writes. Values that stay inside a
-// kernel live in per-thread tile scratch and never reach memory.
+// kernel live in per-thread tile scratch and never reach memory. Contiguous
+// f32/f64/s64 inputs are read in place, and the op computing a value for a
+// contiguous output of its lane type writes it there directly.
 //
 // Numerics (TPU VPU semantics): f32, bf16 and f16 values are computed in f32;
 // 16-bit values are widened on load and rounded (to nearest even) once on
@@ -39,7 +41,7 @@ namespace torch_tpu::exec {
 struct CompileOptions {
   ir::FusionOptions fusion;  // fusion.fuse = false: one kernel per op
   // Elements per tile; 0 picks a power of two in [1024, 4096] from the
-  // number of values a kernel keeps live.
+  // number of values a kernel keeps live (about 24 KiB of f32 in all).
   int64_t tile_elements = 0;
   ir::DumpHook dump;  // called after each IR pass, then with "fusion" (the planned graph)
 };

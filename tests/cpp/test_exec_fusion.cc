@@ -381,6 +381,41 @@ TEST(ExecFusion, WideMultiOutputKernelsAndMixedTypes) {
   EXPECT_EQ(exec::compile(b.graph()).num_kernels(), 1);
 }
 
+TEST(ExecFusion, InPlaceLoadsAndDirectStores) {
+  // a is written straight into its output and read again by later ops; y and
+  // its identity broadcast are one tile value stored twice; the same region
+  // runs with contiguous and with strided outputs, and with an s32 input that
+  // cannot be read in place.
+  const ir::Shape s{9, 700};
+  ir::Builder b;
+  ValueId x = b.parameter(ElementType::f32, s);
+  ValueId k = b.parameter(ElementType::s32, s);
+  ValueId a = b.exponential(x);
+  ValueId y = b.add(b.multiply(a, a), b.convert(k, ElementType::f32));
+  b.output(a);
+  b.output(y);
+  b.output(b.broadcast_in_dim(y, s, {0, 1}));
+  b.output(b.compare(a, y, ir::CompareDirection::LT));
+  std::mt19937 rng(15);
+  std::vector<HostArray> in{random_array({ElementType::f32, s}, rng, -2, 2), random_array({ElementType::s32, s}, rng, 0, 9)};  // no cancellation in a*a + k
+  exec::CompileOptions o;
+  o.tile_elements = 1024;
+  expect_matches_reference(b.graph(), in, o);
+  exec::CompiledRegion r = exec::compile(b.graph(), o);
+  std::vector<ir::Literal> want = reference(b.graph(), in);
+  std::vector<float> out_a(2 * s[0] * s[1]);
+  HostArray out_y({ElementType::f32, s}), out_y2({ElementType::f32, s}), out_p({ElementType::pred, s});
+  exec::run(r, {in[0].buffer(), in[1].buffer()},
+            {exec::Buffer::strided(out_a.data(), ElementType::f32, s, {2 * s[1], 2}), out_y.buffer(), out_y2.buffer(),
+             out_p.buffer()});
+  ir::Literal got_a = ir::Literal::zeros({ElementType::f32, s});
+  for (int64_t i = 0; i < s[0] * s[1]; ++i) got_a.f[i] = out_a[2 * i];
+  EXPECT_TRUE(all_close(got_a, want[0], tolerance_for(ElementType::f32)));
+  EXPECT_TRUE(all_close(out_y.literal(), want[1], tolerance_for(ElementType::f32)));
+  EXPECT_TRUE(all_close(out_y2.literal(), want[2], tolerance_for(ElementType::f32)));
+  EXPECT_TRUE(all_close(out_p.literal(), want[3], Tolerance{}));
+}
+
 TEST(ExecFusion, RunChecksItsArguments) {
   ir::Builder b;
   ValueId x = b.parameter(ElementType::f32, {4});
