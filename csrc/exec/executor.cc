@@ -178,13 +178,39 @@ class ProgramBuilder {
     return Operand{in.dst, {}};
   }
 
+  // Emits the instructions computing v (indexed by map) after those of its
+  // operands. Post-order with an explicit stack, so that long chains do not
+  // recurse deeply: emit_uncached() then finds its operands in the memo.
   Operand emit(ValueId v, const DimMap& map) {
-    auto key = std::make_pair(v, map);
-    auto it = memo_.find(key);
+    using Key = std::pair<ValueId, DimMap>;
+    Key root{v, map};
+    auto it = memo_.find(root);
     if (it != memo_.end()) return it->second;
-    Operand r = emit_uncached(v, map);
-    memo_.emplace(key, r);
-    return r;
+    std::vector<std::pair<Key, bool>> stack{{root, false}};
+    while (!stack.empty()) {
+      if (memo_.count(stack.back().first)) {
+        stack.pop_back();
+        continue;
+      }
+      if (stack.back().second) {
+        Key k = std::move(stack.back().first);
+        stack.pop_back();
+        Operand r = emit_uncached(k.first, k.second);
+        memo_.emplace(std::move(k), r);
+        continue;
+      }
+      stack.back().second = true;
+      const Key k = stack.back().first;  // copy: the stack grows below
+      const ir::Op& op = g_.op(k.first);
+      if (!computed_.count(k.first) || op.kind == OpKind::kConstant) continue;
+      if (op.kind == OpKind::kBroadcastInDim) {
+        ValueId u = op.operands[0];
+        stack.push_back({{u, ir::compose_broadcast(k.second, op, g_.type(u).shape)}, false});
+      } else {
+        for (size_t i = op.operands.size(); i-- > 0;) stack.push_back({{op.operands[i], k.second}, false});
+      }
+    }
+    return memo_.at(root);
   }
 
   Operand emit_uncached(ValueId v, const DimMap& map) {

@@ -80,32 +80,39 @@ class Planner {
   // Forward over the graph: an inline value needed by several kernels is
   // realized unless recomputing it is cheap. Producers are decided first, so
   // the cost of a value's expression is known when it is weighed.
+  //
+  // The kernels that would inline a value are its nearest realized consumers.
+  // They are computed once, backwards, from the initial realized set: a value
+  // realized later in the forward pass is upstream of every value still to
+  // be decided, so it cannot change their consumers. Two roots are enough to
+  // know "several", which keeps this linear.
   void decide_duplication() {
-    for (ValueId v = 0; v < g_.num_ops(); ++v) {
+    const int64_t n = g_.num_ops();
+    std::vector<std::vector<ValueId>> roots(static_cast<size_t>(n));
+    for (ValueId v = n - 1; v >= 0; --v) {
+      if (!live_[v]) continue;
+      std::vector<ValueId>& r = roots[v];
+      auto add = [&r](ValueId x) {
+        if (r.size() < 2 && std::find(r.begin(), r.end(), x) == r.end()) r.push_back(x);
+      };
+      for (ValueId u : users_[v]) {
+        if (realized_[u]) add(u);
+        else
+          for (ValueId x : roots[u]) add(x);
+      }
+    }
+    for (ValueId v = 0; v < n; ++v) {
       if (!live_[v] || realized_[v]) continue;
       OpKind k = g_.op(v).kind;
       if (k == OpKind::kConstant || !is_fusible(k)) continue;
-      if (consumer_roots(v).size() >= 2 && !duplicable(v)) realized_[v] = 1;
+      if (roots[v].size() >= 2 && !duplicable(v)) realized_[v] = 1;
     }
   }
 
-  std::set<ValueId> consumer_roots(ValueId v) const {
-    std::set<ValueId> roots, seen;
-    std::vector<ValueId> stack{v};
-    while (!stack.empty()) {
-      ValueId x = stack.back();
-      stack.pop_back();
-      for (ValueId u : users_[x]) {
-        if (!seen.insert(u).second) continue;
-        if (realized_[u]) roots.insert(u);
-        else stack.push_back(u);
-      }
-    }
-    return roots;
-  }
-
+  // Cheap to recompute: at most max_duplicate_cost, at most one full-size
+  // read. The walk stops as soon as the answer is no.
   bool duplicable(ValueId v) const {
-    int cost = 0, full_reads = 0;
+    int cost = 0, full_reads = 0, visited = 0;
     const int64_t size = g_.type(v).numel();
     std::set<ValueId> seen{v};
     std::vector<ValueId> stack{v};
@@ -113,16 +120,17 @@ class Planner {
       ValueId x = stack.back();
       stack.pop_back();
       cost += op_cost(g_.op(x).kind);
+      if (cost > opt_.max_duplicate_cost || ++visited > 4 * opt_.max_duplicate_cost + 16) return false;
       for (ValueId u : g_.op(x).operands) {
         if (!seen.insert(u).second) continue;
         if (realized_[u]) {
-          if (g_.type(u).numel() >= size) ++full_reads;
+          if (g_.type(u).numel() >= size && ++full_reads > 1) return false;
         } else {
           stack.push_back(u);
         }
       }
     }
-    return cost <= opt_.max_duplicate_cost && full_reads <= 1;
+    return true;
   }
 
   // The ops a root evaluates and the realized values it loads (with the map

@@ -3,6 +3,7 @@
 // compile cache, and concurrent runs. Every result is checked against the
 // reference interpreter.
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "exec/compile_cache.h"
@@ -414,6 +415,25 @@ TEST(ExecFusion, InPlaceLoadsAndDirectStores) {
   EXPECT_TRUE(all_close(out_y.literal(), want[1], tolerance_for(ElementType::f32)));
   EXPECT_TRUE(all_close(out_y2.literal(), want[2], tolerance_for(ElementType::f32)));
   EXPECT_TRUE(all_close(out_p.literal(), want[3], Tolerance{}));
+}
+
+TEST(ExecFusion, LongChainIsOneKernelAndCompilesInLinearTime) {
+  // A region at a generous size cap: 6000 ops in one dependency chain.
+  ir::Builder b;
+  ValueId x = b.parameter(ElementType::f32, {777});
+  ValueId y = b.parameter(ElementType::f32, {777});
+  ValueId v = x;
+  for (int i = 0; i < 6000; ++i) v = i % 3 == 0 ? b.tanh(v) : i % 3 == 1 ? b.add(v, y) : b.multiply(v, x);
+  b.output(v);
+  std::mt19937 rng(16);
+  std::vector<HostArray> in{random_array({ElementType::f32, {777}}, rng), random_array({ElementType::f32, {777}}, rng)};
+  auto t0 = std::chrono::steady_clock::now();
+  exec::CompiledRegion r = exec::compile(b.graph());
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.num_kernels(), 1);
+  EXPECT_LT(seconds, 5.0);  // ~30 ms here; quadratic passes took seconds
+  std::vector<ir::Literal> got = run_region(r, in), want = reference(b.graph(), in);
+  EXPECT_TRUE(all_close(got[0], want[0], Tolerance{1e-4, 1e-5}));
 }
 
 TEST(ExecFusion, RunChecksItsArguments) {
