@@ -25,8 +25,8 @@ std::shared_ptr<const CompiledRegion> CompileCache::get_or_compile(const ir::Gra
   // threads missing on the same graph both compile; the first insert wins.
   auto region = std::make_shared<const CompiledRegion>(compile(g, options_));
   std::lock_guard<std::mutex> lock(mu_);
-  auto [lo, hi] = index_.equal_range(h);
-  for (auto it = lo; it != hi; ++it)
+  auto [first, last] = index_.equal_range(h);
+  for (auto it = first; it != last; ++it)
     if (ir::structurally_equal(it->second->graph, g)) return it->second->region;  // another thread won
   lru_.push_front(Entry{h, g, region});
   index_.emplace(h, lru_.begin());

@@ -34,7 +34,7 @@ struct Operand {
 enum class Code : uint8_t { kLoad, kFill, kUnary, kBinary, kCompare, kSelect, kConvert, kWrap, kPowConst, kStore, kReduce };
 
 struct Instr {
-  explicit Instr(Code c) : code(c) {}
+  explicit Instr(Code what) : code(what) {}
   Code code;
   OpKind op = OpKind::kAdd;
   ir::CompareDirection dir = ir::CompareDirection::EQ;
