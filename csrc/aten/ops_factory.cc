@@ -75,10 +75,11 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
   auto device = storage->device().index();
   auto data = tpu_allocator().allocate_on(device, nbytes, vtpu::physical_bytes_of_buffer(nbytes));
   size_t keep = std::min(nbytes, storage->nbytes());
-  if (keep > 0) {
-    synchronize_device(device);  // queued work may still write the old bytes
-    std::memcpy(data.get(), storage->data(), keep);
-  }
+  // Queued work reaches the bytes through this StorageImpl when it runs: it must be done
+  // with the old ones before they are swapped out (also when shrinking to 0, as FSDP2's
+  // reshard does with storage.resize_(0)).
+  if (storage->nbytes() > 0) synchronize_device(device);
+  if (keep > 0) std::memcpy(data.get(), storage->data(), keep);
   storage->set_data_ptr_noswap(std::move(data));
   storage->set_nbytes(nbytes);
 }
