@@ -30,7 +30,7 @@ size_t env_bytes(const char* name, size_t fallback) {
 
 std::string describe_tensor(const at::Tensor& t) {
   std::ostringstream os;
-  os << c10::toString(t.scalar_type()) << t.sizes() << " on " << t.device();
+  os << dtype_name(static_cast<int32_t>(t.scalar_type())) << t.sizes() << " on " << t.device();
   return os.str();
 }
 
@@ -914,10 +914,16 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::barrier(const c10d::BarrierOptions& o
   } else if (device_count() > 0) {
     devices.push_back(current_device());
   }
+  Descriptor bd = d;
+  const int device = devices.empty() ? -1 : devices.front();
+  if (device >= 0) {
+    bd.chip = chip(static_cast<c10::DeviceIndex>(device)).global_id();
+    bd.host = runtime().topology().host_of(bd.chip);
+  }
   return launch(*collectives_, OpType::BARRIER, "tpu_dist:barrier", devices, {}, seq,
-                [this, d, what](uint64_t seq) {
-                  const Arrival a = engine_->arrive(seq, d, what);
-                  (void)a;
+                [this, bd, what, device](uint64_t seq) {
+                  const Arrival a = engine_->arrive(seq, bd, what);
+                  record(a, OpKind::kBarrier, 0, seq, device);
                 });
 }
 

@@ -14,6 +14,8 @@ namespace {
 
 using RedOp = c10d::ReduceOp::RedOpType;
 
+}  // namespace
+
 std::string dtype_name(int32_t dtype) {
   switch (static_cast<at::ScalarType>(dtype)) {
     case at::kFloat: return "float32";
@@ -31,6 +33,8 @@ std::string dtype_name(int32_t dtype) {
     default: return c10::toString(static_cast<at::ScalarType>(dtype));
   }
 }
+
+namespace {
 
 bool uses_redop(OpKind op) {
   return op == OpKind::kAllReduce || op == OpKind::kReduceScatter || op == OpKind::kReduce;

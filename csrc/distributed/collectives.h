@@ -36,6 +36,8 @@ enum class OpKind : int32_t {
 };
 const char* op_name(OpKind op);
 const char* redop_name(int redop);
+// "float32", "bfloat16", "int64", ... (PyTorch's Python names).
+std::string dtype_name(int32_t dtype);
 
 // The ranks of a collective after the arrival step.
 struct Arrival {

@@ -1,5 +1,7 @@
 #include "distributed/p2p.h"
 
+#include "distributed/collectives.h"
+
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
@@ -97,9 +99,9 @@ void p2p_recv(ShmGroup& g, int src, int64_t tag, int32_t dtype, void* data, uint
   if (h.tag != tag || h.bytes != bytes || h.dtype != dtype) {
     read_stream(g, src, nullptr, h.bytes, what);  // keep the channel in step
     TORCH_CHECK(false, "tpu_dist ", what, ": the next message from ", g.describe_rank(src), " has tag ", h.tag,
-                ", ", h.bytes, " bytes of ", c10::toString(static_cast<at::ScalarType>(h.dtype)),
+                ", ", h.bytes, " bytes of ", dtype_name(h.dtype),
                 ", but this recv expects tag ", tag, ", ", bytes, " bytes of ",
-                c10::toString(static_cast<at::ScalarType>(dtype)),
+                dtype_name(dtype),
                 " (sends and recvs between two ranks must match in order)");
   }
   read_stream(g, src, static_cast<char*>(data), bytes, what);

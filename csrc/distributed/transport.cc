@@ -164,10 +164,18 @@ void ShmGroup::ring_doorbell() {
   if (h.sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&h.doorbell);
 }
 
-void ShmGroup::raise(int culprit, const std::string& message) {
-  mark_failed(culprit, message);
-  C10_THROW_ERROR(DistBackendError, message);
+void ShmGroup::raise(int culprit, const std::string& where, const std::string& cause) {
+  mark_failed(culprit, cause);
+  C10_THROW_ERROR(DistBackendError, where + ": " + cause);
 }
+
+namespace {
+std::string seconds_text(std::chrono::milliseconds ms) {
+  std::ostringstream os;
+  os << std::chrono::duration<double>(ms).count() << " s";
+  return os.str();
+}
+}  // namespace
 
 void ShmGroup::check_health(int waiting_for, bool all, const std::string& what,
                             std::chrono::steady_clock::time_point start) {
@@ -178,36 +186,31 @@ void ShmGroup::check_health(int waiting_for, bool all, const std::string& what,
     Header& h = header(r);
     const auto state = static_cast<PeerState>(h.state.load(std::memory_order_acquire));
     if (state == PeerState::kFailed) {
-      const int culprit = h.failed_rank;
-      std::string reason(h.reason, strnlen(h.reason, sizeof(h.reason)));
-      raise(culprit >= 0 ? culprit : r,
-            where + ": " + (culprit >= 0 && culprit != r ? describe_rank(culprit) : describe_rank(r)) +
-                " failed (reported by " + describe_rank(r) + "): " + reason);
+      const int culprit = h.failed_rank >= 0 ? h.failed_rank : r;
+      const std::string reason(h.reason, strnlen(h.reason, sizeof(h.reason)));
+      raise(culprit, where, reason + (culprit != r ? " (reported by " + describe_rank(r) + ")" : ""));
     }
     if (state == PeerState::kClosed) {
-      raise(r, where + ": " + describe_rank(r) +
-                   " left the group (destroyed its process group or exited) before finishing this operation");
+      raise(r, where, describe_rank(r) + " left the group (destroyed its process group or exited) during " + what);
     }
     if (!process_alive(pids_[r])) {
-      raise(r, where + ": " + describe_rank(r) + " died (its process is gone) before finishing this operation");
+      raise(r, where, describe_rank(r) + " died (its process is gone) during " + what);
     }
   }
-  const auto waited = std::chrono::steady_clock::now() - start;
-  if (waited > opts_.timeout) {
+  if (std::chrono::steady_clock::now() - start > opts_.timeout) {
     std::string peer_state;
     if (waiting_for >= 0) {
       Header& h = header(waiting_for);
-      const uint64_t seq = h.current_seq.load();
-      peer_state = "; " + describe_rank(waiting_for) + " is at collective #" + std::to_string(seq) +
-                   ", step " + std::to_string(h.progress.load()) + " (this rank: step " +
-                   std::to_string(step_) + ")";
+      peer_state = "; it is at collective #" + std::to_string(h.current_seq.load()) + ", step " +
+                   std::to_string(h.progress.load()) + " (this rank: collective #" +
+                   std::to_string(header(opts_.rank).current_seq.load()) + ", step " + std::to_string(step_) + ")";
     }
-    raise(waiting_for,
-          where + ": timed out after " +
-              std::to_string(std::chrono::duration<double>(opts_.timeout).count()) + " s waiting for " +
-              (waiting_for >= 0 ? describe_rank(waiting_for) : std::string("the other ranks")) + peer_state +
-              ". A rank is stalled or called a different sequence of collectives; the timeout is the "
-              "one passed to init_process_group/new_group (or TORCH_TPU_DIST_TIMEOUT)");
+    raise(waiting_for, where,
+          "timed out after " + seconds_text(opts_.timeout) + " waiting for " +
+              (waiting_for >= 0 ? describe_rank(waiting_for) : std::string("the other ranks")) + " in " + what +
+              peer_state +
+              ". A rank is stalled or called a different sequence of collectives (the timeout is the one "
+              "passed to init_process_group/new_group, or TORCH_TPU_DIST_TIMEOUT)");
   }
 }
 

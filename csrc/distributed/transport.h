@@ -111,7 +111,8 @@ class ShmGroup {
   // left or died, or if `deadline` passed while waiting for `waiting_for`.
   void check_health(int waiting_for, bool all, const std::string& what,
                     std::chrono::steady_clock::time_point start);
-  [[noreturn]] void raise(int culprit, const std::string& message);
+  // Marks this rank failed because of `culprit` and throws DistBackendError(where: cause).
+  [[noreturn]] void raise(int culprit, const std::string& where, const std::string& cause);
   template <typename Ready>
   void wait_impl(int r, bool all, Ready ready, const std::string& what);
 

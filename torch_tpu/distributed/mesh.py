@@ -56,7 +56,8 @@ def _assign(mesh_shape: Sequence[int], extents: List[int]) -> List[List[Tuple[in
             used[a] *= m
             remaining[a] //= m
             continue
-        # Several physical axes together, walked as a snake.
+        # Several physical axes together, walked as a snake: whole axes first, then a part
+        # of one more.
         need = m
         for a in range(len(extents)):
             if need > 1 and remaining[a] > 1 and need % remaining[a] == 0:
@@ -65,6 +66,12 @@ def _assign(mesh_shape: Sequence[int], extents: List[int]) -> List[List[Tuple[in
                 used[a] *= f
                 remaining[a] = 1
                 need //= f
+        for a in range(len(extents)):
+            if need > 1 and remaining[a] > 1 and remaining[a] % need == 0:
+                pieces[i].append((a, need, used[a]))
+                used[a] *= need
+                remaining[a] //= need
+                need = 1
         if need != 1:
             raise ValueError(f"mesh shape {tuple(mesh_shape)} does not factor onto the chips' box "
                              f"{tuple(extents)}")

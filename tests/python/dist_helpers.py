@@ -1,0 +1,64 @@
+"""Launch tpu_dist test scenarios (tests/python/dist_worker.py) as one process per rank."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dist_worker.py")
+_BACKEND_ENV_PREFIXES = ("TORCH_TPU_", "TPU_")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_BACKEND_ENV_PREFIXES)}
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    env.update({"OMP_NUM_THREADS": "1"})
+    env.update(extra or {})
+    return env
+
+
+def run_scenario(name, world, outdir, env=None, timeout=180):
+    """Runs `name` on `world` ranks; returns (results by rank, {rank: (returncode, stderr tail)})."""
+    port = free_port()
+    procs = []
+    for r in range(world):
+        e = clean_env(env)
+        e.update(RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 LOCAL_RANK=str(r))
+        procs.append(subprocess.Popen([sys.executable, WORKER, name, str(outdir)], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.time() + timeout
+    status = {}
+    for r, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, err = p.communicate()
+            status[r] = ("timeout", err[-3000:])
+            continue
+        status[r] = (p.returncode, (out + err)[-3000:])
+    results = {}
+    for r in range(world):
+        path = os.path.join(str(outdir), f"rank{r}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                results[r] = json.load(f)
+    return results, status
+
+
+def segments():
+    """tpu_dist segments currently in /dev/shm."""
+    try:
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith("tpudist_"))
+    except FileNotFoundError:
+        return []
