@@ -1,0 +1,14 @@
+"""The main job of torch_tpu: train a small GPT on the vTPU.
+
+``python -m torch_tpu.demo --help`` lists the flags. The job reads the Python
+standard library's own source as bytes, trains a decoder-only transformer on the
+``tpu`` device with AdamW, prints validation loss as it goes and a generated
+sample at the end, and ends with one JSON line: ``val_loss``, ``unigram_nats``,
+``tokens_per_s``, ``steps``, ``params`` and ``estimate`` (the cost of the same
+step on TPU generations, from the runtime's cost model).
+
+Modules: ``data`` (corpus, split, batches, unigram entropy), ``model`` (GPT),
+``train`` (loop, evaluation, checkpoints, sampling), ``estimate`` (per-generation
+cost). Importing this package does not import the others (the CLI must parse
+``--topology`` before the runtime starts).
+"""
