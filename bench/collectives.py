@@ -1,0 +1,186 @@
+"""Collective bandwidth: tpu_dist on tpu tensors against gloo on CPU tensors, same machine, same run.
+
+For 2 and 4 ranks (one process each) and buffers from 1 KiB to 256 MiB, times
+all_reduce, all_gather (into tensor) and reduce_scatter (tensor) and prints the
+bus bandwidth (nccl-tests convention):
+
+    algbw = S / t,  busbw = algbw * 2(n-1)/n (all_reduce) or * (n-1)/n (all_gather, reduce_scatter)
+
+where S is the size of the full buffer (all_reduce: the tensor; all_gather: the output;
+reduce_scatter: the input), t the median time of one call (synchronized) and n the ranks.
+The physical limit printed beside it is memcpy bandwidth (bytes copied per second by
+``dst.copy_(src)`` of 64 MiB in one process, and per process when n processes copy at once).
+
+Run: python bench/collectives.py [--ranks 2 4] [--max-bytes 256MiB] [--ops all_reduce ...]
+Prints a markdown table; ``--json PATH`` also writes the raw numbers.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
+OPS = ["all_reduce", "all_gather", "reduce_scatter"]
+
+
+def _fmt_bytes(n):
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n // k} {unit}"
+    return f"{n} B"
+
+
+def _parse_bytes(s):
+    s = s.strip()
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if s.endswith(unit):
+            return int(float(s[: -len(unit)]) * k)
+    return int(s)
+
+
+def _bus_factor(op, n):
+    return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+
+
+def _time(fn, sync, iters):
+    """Median seconds of fn() + sync() over `iters` calls (after one warm-up call)."""
+    fn()
+    sync()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def memcpy_bandwidth(nbytes=64 << 20):
+    """Bytes/s of dst.copy_(src) between two CPU buffers in this process (median of repeats)."""
+    import torch
+
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    t = _time(lambda: dst.copy_(src), lambda: None, 10)
+    return nbytes / t
+
+
+def worker(args):
+    """One rank: times every (op, size) on tpu_dist and on a gloo group, writes rank0's numbers."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dev = torch.device("tpu", rank)
+    torch.tpu.set_device(dev)
+    dist.init_process_group("tpu_dist", rank=rank, world_size=world)
+    gloo = dist.new_group(backend="gloo")
+    results = {"memcpy_parallel": None, "rows": []}
+    dist.barrier()
+    results["memcpy_parallel"] = memcpy_bandwidth()  # all ranks copy at once
+    dist.barrier()
+    for op in args.ops:
+        for size in [s for s in SIZES if s <= args.max_bytes]:
+            numel = size // 4
+            numel -= numel % world
+            row = {"op": op, "bytes": size, "ranks": world}
+            for backend in ("tpu_dist", "gloo"):
+                device = dev if backend == "tpu_dist" else torch.device("cpu")
+                group = None if backend == "tpu_dist" else gloo
+                sync = torch.tpu.synchronize if backend == "tpu_dist" else (lambda: None)
+                if op == "all_reduce":
+                    t = torch.ones(numel, device=device)
+                    fn = lambda t=t, group=group: dist.all_reduce(t, group=group)  # noqa: E731
+                elif op == "all_gather":
+                    inp = torch.ones(numel // world, device=device)
+                    out = torch.empty(numel, device=device)
+                    fn = lambda i=inp, o=out, group=group: dist.all_gather_into_tensor(o, i, group=group)  # noqa
+                else:
+                    inp = torch.ones(numel, device=device)
+                    out = torch.empty(numel // world, device=device)
+                    fn = lambda i=inp, o=out, group=group: dist.reduce_scatter_tensor(o, i, group=group)  # noqa
+                budget = 0.3 if size < (16 << 20) else 1.0
+                # Every rank must make the same calls: agree on the iteration count first.
+                dist.barrier()
+                probe = torch.tensor([_time(fn, sync, 1)], dtype=torch.float64)
+                dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=gloo)
+                iters = int(max(3, min(200 if size < (1 << 20) else 20, budget / probe.item())))
+                seconds = _time(fn, sync, iters)
+                t_all = torch.tensor([seconds], dtype=torch.float64)
+                dist.all_reduce(t_all, op=dist.ReduceOp.MAX, group=gloo)
+                seconds = t_all.item()
+                row[backend] = {"seconds": seconds, "busbw": numel * 4 / seconds * _bus_factor(op, world)}
+                del fn
+            results["rows"].append(row)
+            if rank == 0:
+                print(f"  {op:15s} {_fmt_bytes(size):>8s} n={world}: tpu_dist {row['tpu_dist']['busbw'] / 1e9:7.2f} "
+                      f"GB/s  gloo {row['gloo']['busbw'] / 1e9:7.2f} GB/s", file=sys.stderr, flush=True)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_world(world, args):
+    out = tempfile.mktemp(suffix=".json")
+    port = _free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--out", out, "--max-bytes",
+               str(args.max_bytes), "--ops", *args.ops]
+        procs.append(subprocess.Popen(cmd, env=env))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise SystemExit(f"a rank failed: exit codes {codes}")
+    with open(out) as f:
+        data = json.load(f)
+    os.unlink(out)
+    return data
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--max-bytes", type=_parse_bytes, default=256 << 20)
+    p.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
+    p.add_argument("--json", help="also write the raw numbers here")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+    single = memcpy_bandwidth()
+    report = {"memcpy_single": single, "worlds": {}}
+    for world in args.ranks:
+        print(f"{world} ranks ...", file=sys.stderr, flush=True)
+        report["worlds"][world] = run_world(world, args)
+    print(f"\nmemcpy (one process, 64 MiB): {single / 1e9:.2f} GB/s")
+    for world, data in report["worlds"].items():
+        print(f"memcpy ({world} processes at once, per process): {data['memcpy_parallel'] / 1e9:.2f} GB/s")
+    print("\n| op | bytes | ranks | tpu_dist busbw GB/s | gloo busbw GB/s | tpu_dist / gloo | tpu_dist / memcpy |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for world, data in report["worlds"].items():
+        for row in data["rows"]:
+            t, g = row["tpu_dist"]["busbw"], row["gloo"]["busbw"]
+            print(f"| {row['op']} | {_fmt_bytes(row['bytes'])} | {world} | {t / 1e9:.2f} | {g / 1e9:.2f} | "
+                  f"{t / g:.1f}x | {t / single:.0%} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
