@@ -78,10 +78,16 @@ void check_index_bounds(const std::string& name, const std::vector<IValue>& args
     const int64_t dim = args[1].toInt();
     const int64_t size = dim_size(self, dim);
     if (auto bad = out_of_range(index, 0, size)) fail(*bad, size, "dimension " + std::to_string(dim));
-  } else if (name == "aten::embedding" || name == "aten::embedding_dense_backward") {
+  } else if (name == "aten::embedding") {
     const at::Tensor weight = tensor(0), indices = tensor(1);
     if (weight.defined() && weight.dim() > 0) {
       if (auto bad = out_of_range(indices, 0, weight.size(0))) fail(*bad, weight.size(0), "embedding rows");
+    }
+  } else if (name == "aten::embedding_dense_backward") {
+    // (grad_output, indices, num_weights, padding_idx, scale_grad_by_freq)
+    if (args.size() > 2 && args[2].isInt()) {
+      const int64_t rows = args[2].toInt();
+      if (auto bad = out_of_range(tensor(1), 0, rows)) fail(*bad, rows, "embedding rows");
     }
   } else if (name == "aten::take") {
     const at::Tensor self = tensor(0);
