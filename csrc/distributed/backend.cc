@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include "aten/device.h"
 #include "distributed/p2p.h"
 #include "vtpu/runtime.h"
@@ -233,7 +235,45 @@ TpuBackend::TpuBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
   o.global_ranks = config_.global_ranks;
   o.buffer_bytes = config_.buffer_bytes;
   o.p2p_bytes = config_.p2p_bytes;
-  group_ = std::make_unique<ShmGroup>(store, o);
+  c10::intrusive_ptr<c10d::Store> shm_store = store;
+  if (!config_.hosts.empty() &&
+      std::any_of(config_.hosts.begin(), config_.hosts.end(), [&](int h) { return h != config_.hosts[0]; })) {
+    // The group spans hosts: shared memory among this host's ranks, gloo (DCN) across.
+    TORCH_CHECK(static_cast<int>(config_.hosts.size()) == size && config_.flat,
+                "tpu_dist: a group spanning hosts needs the host of every rank and a gloo group");
+    hier_ = std::make_unique<Hierarchy>();
+    Hierarchy& h = *hier_;
+    h.host_of_rank = config_.hosts;
+    std::set<int> ids(config_.hosts.begin(), config_.hosts.end());
+    h.host_ids.assign(ids.begin(), ids.end());
+    h.host_index_of.resize(size);
+    h.local_index_of.resize(size);
+    std::map<int, int> seen;
+    for (int r = 0; r < size; ++r) {
+      h.host_index_of[r] = static_cast<int>(std::find(h.host_ids.begin(), h.host_ids.end(), config_.hosts[r]) -
+                                            h.host_ids.begin());
+      h.local_index_of[r] = seen[config_.hosts[r]]++;
+      if (config_.hosts[r] == config_.hosts[rank]) h.local_ranks.push_back(r);
+    }
+    h.local_index = h.local_index_of[rank];
+    const int per_host = static_cast<int>(h.local_ranks.size());
+    h.host_major = true;
+    for (int r = 0; r < size; ++r) {
+      h.host_major = h.host_major && r == h.host_index_of[r] * per_host + h.local_index_of[r];
+    }
+    o.rank = h.local_index;
+    o.size = per_host;
+    o.group_name = config_.group_name + "/host" + std::to_string(config_.hosts[rank]);
+    o.group_ranks.assign(h.local_ranks.begin(), h.local_ranks.end());
+    o.global_ranks.clear();
+    for (int r : h.local_ranks) {
+      o.global_ranks.push_back(config_.global_ranks.empty() ? r : config_.global_ranks[r]);
+    }
+    shm_store = c10::make_intrusive<c10d::PrefixStore>(
+        "tpu_dist/host" + std::to_string(config_.hosts[rank]), store);
+  }
+  store_ = store;
+  group_ = std::make_unique<ShmGroup>(shm_store, o);
   engine_ = std::make_unique<Engine>(*group_, runtime().topology(), config_.small_bytes);
   collectives_ = std::make_unique<Executor>("tpu_dist");
 }
@@ -296,13 +336,14 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::launch(Executor& executor, OpType typ
   const int device = devices.empty() ? -1 : devices.front();
   auto work = c10::make_intrusive<TpuWork>(getRank(), type, title, std::move(outputs));
   work->set_sequence_number(first_seq);
-  executor.submit([work, ready = std::move(ready), device, first_seq, body = std::move(body)]() {
+  executor.submit([this, work, ready = std::move(ready), device, first_seq, body = std::move(body)]() {
     try {
       if (device >= 0) set_current_device(static_cast<c10::DeviceIndex>(device));
       for (const auto& ev : ready) ev.synchronize();
       body(first_seq);
       work->complete(nullptr);
     } catch (...) {
+      if (multi_host() && group_->failed()) publish_failure();
       work->complete(std::current_exception());
     }
   });
@@ -332,9 +373,16 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce(std::vector<at::Tensor>& te
                 [this, r = TensorRecipe::of(t), d, what, device, redop, factor](uint64_t seq) {
                   AliasBuilder b(c10::kCPU);
                   HostView v(b, r, /*read=*/true);
+                  int op = redop;
+                  if (multi_host()) {
+                    if (redop == RedOp::PREMUL_SUM) v.flat().mul_(factor);
+                    hier_all_reduce(v.flat().reshape({-1}), redop == RedOp::PREMUL_SUM ? RedOp::SUM : redop,
+                                    what, device);
+                    v.commit();
+                    return;
+                  }
                   const Arrival a = engine_->arrive(seq, d, what);
                   record(a, OpKind::kAllReduce, v.nbytes(), seq, device);
-                  int op = redop;
                   if (redop == RedOp::PREMUL_SUM) {
                     v.flat().mul_(factor);
                     op = RedOp::SUM;
@@ -374,14 +422,18 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce_coalesced(std::vector<at::T
                     flat.narrow(0, off, v.numel()).view(v.sizes()).copy_(v);
                     off += v.numel();
                   }
-                  const Arrival a = engine_->arrive(seq, d, what);
-                  record(a, OpKind::kAllReduce, flat.numel() * flat.element_size(), seq, device);
                   int op = redop;
                   if (redop == RedOp::PREMUL_SUM) {
                     flat.mul_(factor);
                     op = RedOp::SUM;
                   }
-                  engine_->all_reduce(a, flat.data_ptr(), total, flat.scalar_type(), op, what);
+                  if (multi_host()) {
+                    hier_all_reduce(flat, op, what, device);
+                  } else {
+                    const Arrival a = engine_->arrive(seq, d, what);
+                    record(a, OpKind::kAllReduce, flat.numel() * flat.element_size(), seq, device);
+                    engine_->all_reduce(a, flat.data_ptr(), total, flat.scalar_type(), op, what);
+                  }
                   off = 0;
                   for (auto& v : views) {
                     v.copy_(flat.narrow(0, off, v.numel()).view(v.sizes()));
@@ -407,6 +459,11 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::broadcast(std::vector<at::Tensor>& te
                 [this, r = TensorRecipe::of(t), d, what, device, root](uint64_t seq) {
                   AliasBuilder b(c10::kCPU);
                   HostView v(b, r, /*read=*/getRank() == root);
+                  if (multi_host()) {
+                    hier_broadcast(v.flat(), root, what, device);
+                    if (getRank() != root) v.commit();
+                    return;
+                  }
                   const Arrival a = engine_->arrive(seq, d, what);
                   record(a, OpKind::kBroadcast, v.nbytes(), seq, device);
                   engine_->broadcast(a, v.data(), v.nbytes(), root, what);
@@ -432,6 +489,22 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::reduce(std::vector<at::Tensor>& tenso
                 [this, r = TensorRecipe::of(t), d, what, device, redop, factor, root](uint64_t seq) {
                   AliasBuilder b(c10::kCPU);
                   HostView v(b, r, /*read=*/true);
+                  if (multi_host()) {
+                    at::Tensor t = getRank() == root ? v.flat() : v.flat().clone();
+                    if (redop == RedOp::PREMUL_SUM) t.mul_(factor);
+                    c10d::ReduceOptions o;
+                    o.reduceOp = c10d::ReduceOp(static_cast<RedOp>(
+                        redop == RedOp::PREMUL_SUM || redop == RedOp::AVG ? RedOp::SUM : redop));
+                    o.rootRank = root;
+                    std::vector<at::Tensor> ts{t};
+                    dcn_wait(config_.flat->reduce(ts, o), what);
+                    if (getRank() == root) {
+                      if (redop == RedOp::AVG) divide(t.data_ptr(), t.numel(), t.scalar_type(), getSize());
+                      v.commit();
+                    }
+                    record_dcn(device, v.nbytes(), 0, 0, v.nbytes());
+                    return;
+                  }
                   const Arrival a = engine_->arrive(seq, d, what);
                   record(a, OpKind::kReduce, v.nbytes(), seq, device);
                   int op = redop;
@@ -458,6 +531,15 @@ void TpuBackend::run_all_gather(uint64_t seq, const TensorRecipe& input, const s
   std::vector<void*> ptrs(n);
   for (int r = 0; r < n; ++r) {
     ptrs[r] = outs.size() == 1 ? static_cast<char*>(outs[0].data()) + r * count * es : outs[r].data();
+  }
+  if (multi_host()) {
+    at::Tensor all = outs.size() == 1 ? outs[0].flat().reshape({-1}) : at::empty({n * count}, in.flat().options());
+    hier_all_gather(in.flat().reshape({-1}), all, what, device);
+    if (outs.size() != 1) {
+      for (int r = 0; r < n; ++r) outs[r].flat().reshape({-1}).copy_(all.narrow(0, r * count, count));
+    }
+    for (auto& o : outs) o.commit();
+    return;
   }
   const Arrival a = engine_->arrive(seq, d, what);
   record(a, OpKind::kAllGather, static_cast<double>(n * count * es), seq, device);
@@ -617,6 +699,18 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::gather(std::vector<std::vector<at::Te
                   std::vector<void*> ptrs(getSize(), nullptr);
                   for (const auto& r : ro) hs.emplace_back(b, r, /*read=*/false);
                   for (size_t i = 0; i < hs.size(); ++i) ptrs[i] = hs[i].data();
+                  if (multi_host()) {
+                    std::vector<std::vector<at::Tensor>> outs(1);
+                    if (getRank() != root) outs.clear();
+                    for (auto& h : hs) outs[0].push_back(h.flat());
+                    std::vector<at::Tensor> ins{v.flat()};
+                    c10d::GatherOptions o;
+                    o.rootRank = root;
+                    dcn_wait(config_.flat->gather(outs, ins, o), what);
+                    for (auto& h : hs) h.commit();
+                    record_dcn(device, v.nbytes(), 0, 0, v.nbytes());
+                    return;
+                  }
                   const Arrival a = engine_->arrive(seq, d, what);
                   record(a, OpKind::kGather, static_cast<double>(v.nbytes() * getSize()), seq, device);
                   engine_->gather(a, v.data(), ptrs, v.nbytes(), root, what);
@@ -662,6 +756,18 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::scatter(std::vector<at::Tensor>& outp
                   std::vector<const void*> ptrs(getSize(), nullptr);
                   for (const auto& r : ri) hs.emplace_back(b, r, /*read=*/true);
                   for (size_t i = 0; i < hs.size(); ++i) ptrs[i] = hs[i].data();
+                  if (multi_host()) {
+                    std::vector<std::vector<at::Tensor>> ins(1);
+                    if (getRank() != root) ins.clear();
+                    for (auto& h : hs) ins[0].push_back(h.flat());
+                    std::vector<at::Tensor> outs{v.flat()};
+                    c10d::ScatterOptions o;
+                    o.rootRank = root;
+                    dcn_wait(config_.flat->scatter(outs, ins, o), what);
+                    v.commit();
+                    record_dcn(device, v.nbytes(), 0, 0, v.nbytes());
+                    return;
+                  }
                   const Arrival a = engine_->arrive(seq, d, what);
                   record(a, OpKind::kScatter, static_cast<double>(v.nbytes() * getSize()), seq, device);
                   engine_->scatter(a, ptrs, v.data(), v.nbytes(), root, what);
@@ -685,6 +791,12 @@ void TpuBackend::run_reduce_scatter(uint64_t seq, const std::vector<TensorRecipe
     in = at::empty({n * count}, out.flat().options());
     for (int r = 0; r < n; ++r) in.narrow(0, r * count, count).copy_(b.alias(inputs[r]).reshape({-1}));
     if (redop == RedOp::PREMUL_SUM) in.mul_(factor);
+  }
+  if (multi_host()) {
+    hier_reduce_scatter(in.reshape({-1}), out.flat().reshape({-1}), redop == RedOp::PREMUL_SUM ? RedOp::SUM : redop,
+                        what, device);
+    out.commit();
+    return;
   }
   const Arrival a = engine_->arrive(seq, d, what);
   record(a, OpKind::kReduceScatter, static_cast<double>(in.numel() * in.element_size()), seq, device);
@@ -836,6 +948,16 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall_base(at::Tensor& output, at:
                   AliasBuilder b(c10::kCPU);
                   HostView in(b, ri, /*read=*/true);
                   HostView out(b, ro_, /*read=*/false);
+                  if (multi_host()) {
+                    const int n = getSize();
+                    std::vector<int64_t> send(counts.begin(), counts.begin() + n), recv(counts.begin() + n, counts.end());
+                    at::Tensor o8 = out.flat().reshape({-1}).view(at::kByte);
+                    at::Tensor i8 = in.flat().reshape({-1}).view(at::kByte);
+                    dcn_wait(config_.flat->alltoall_base(o8, i8, recv, send, c10d::AllToAllOptions()), what);
+                    out.commit();
+                    record_dcn(device, static_cast<double>(so), 0, 0, static_cast<double>(so));
+                    return;
+                  }
                   const Arrival a = engine_->arrive(seq, d, what, counts.data());
                   record(a, OpKind::kAllToAll, static_cast<double>(so), seq, device);
                   engine_->all_to_all(a, seq, in.data(), send_off, out.data(), recv_off, what);
@@ -889,9 +1011,15 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall(std::vector<at::Tensor>& out
                       in.narrow(0, send_off[q], counts[q]).view(ins[q].scalar_type()).copy_(ins[q].reshape({-1}));
                     }
                   }
-                  const Arrival a = engine_->arrive(seq, d, what, counts.data());
-                  record(a, OpKind::kAllToAll, static_cast<double>(so), seq, device);
-                  engine_->all_to_all(a, seq, in.data_ptr(), send_off, out.data_ptr(), recv_off, what);
+                  if (multi_host()) {
+                    std::vector<int64_t> send(counts.begin(), counts.begin() + n), recv(counts.begin() + n, counts.end());
+                    dcn_wait(config_.flat->alltoall_base(out, in, recv, send, c10d::AllToAllOptions()), what);
+                    record_dcn(device, static_cast<double>(so), 0, 0, static_cast<double>(so));
+                  } else {
+                    const Arrival a = engine_->arrive(seq, d, what, counts.data());
+                    record(a, OpKind::kAllToAll, static_cast<double>(so), seq, device);
+                    engine_->all_to_all(a, seq, in.data_ptr(), send_off, out.data_ptr(), recv_off, what);
+                  }
                   for (int q = 0; q < n; ++q) {
                     if (counts[n + q] > 0) {
                       outs[q].copy_(out.narrow(0, recv_off[q], counts[n + q])
@@ -922,6 +1050,10 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::barrier(const c10d::BarrierOptions& o
   }
   return launch(*collectives_, OpType::BARRIER, "tpu_dist:barrier", devices, {}, seq,
                 [this, bd, what, device](uint64_t seq) {
+                  if (multi_host()) {
+                    hier_barrier(what, device);
+                    return;
+                  }
                   const Arrival a = engine_->arrive(seq, bd, what);
                   record(a, OpKind::kBarrier, 0, seq, device);
                 });
@@ -950,7 +1082,13 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::send(std::vector<at::Tensor>& tensors
                     c.ici_steps = 1;
                     chip(static_cast<c10::DeviceIndex>(device)).record_collective(c);
                   }
-                  p2p_send(*group_, dst, tag, dtype, v.data(), v.nbytes(), what);
+                  if (multi_host() && hier_->host_of_rank[dst] != hier_->host_of_rank[getRank()]) {
+                    std::vector<at::Tensor> ts{v.flat()};
+                    dcn_wait(config_.flat->send(ts, dst, tag), what);
+                    return;
+                  }
+                  p2p_send(*group_, multi_host() ? hier_->local_index_of[dst] : dst, tag, dtype, v.data(), v.nbytes(),
+                           what);
                 });
 }
 
@@ -967,7 +1105,14 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::recv(std::vector<at::Tensor>& tensors
                 [this, r = TensorRecipe::of(t), src, tag, what, dtype](uint64_t) {
                   AliasBuilder b(c10::kCPU);
                   HostView v(b, r, /*read=*/false);
-                  p2p_recv(*group_, src, tag, dtype, v.data(), v.nbytes(), what);
+                  if (multi_host() && hier_->host_of_rank[src] != hier_->host_of_rank[getRank()]) {
+                    std::vector<at::Tensor> ts{v.flat()};
+                    dcn_wait(config_.flat->recv(ts, src, tag), what);
+                    v.commit();
+                    return;
+                  }
+                  p2p_recv(*group_, multi_host() ? hier_->local_index_of[src] : src, tag, dtype, v.data(), v.nbytes(),
+                           what);
                   v.commit();
                 });
 }

@@ -73,6 +73,11 @@ class TpuBackend : public c10d::Backend {
     size_t buffer_bytes = 0;  // 0: TORCH_TPU_DIST_BUFFER_BYTES or 8 MiB
     size_t p2p_bytes = 0;     // 0: TORCH_TPU_DIST_P2P_BYTES or 1 MiB
     size_t small_bytes = 0;   // 0: TORCH_TPU_DIST_SMALL_BYTES or 64 KiB
+    // Groups spanning hosts: the host id of every group rank, and gloo backends for the
+    // part that crosses hosts (DCN): `cross` joins the ranks with this rank's local index
+    // on every host (hosts with equal rank counts only), `flat` all ranks of the group.
+    std::vector<int> hosts;
+    c10::intrusive_ptr<c10d::Backend> cross, flat;
   };
 
   TpuBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, Config config);
@@ -152,7 +157,38 @@ class TpuBackend : public c10d::Backend {
   void run_reduce_scatter(uint64_t seq, const std::vector<TensorRecipe>& inputs, const TensorRecipe& output,
                           int redop, double factor, const Descriptor& d, const std::string& what, int device);
 
+  // --- groups spanning hosts (hierarchy.cc): shared memory inside a host, gloo across ---
+  struct Hierarchy {
+    std::vector<int> host_of_rank;    // group rank -> host id
+    std::vector<int> local_ranks;     // group ranks on this host, ascending
+    int local_index = 0;              // this rank's index in local_ranks
+    std::vector<int> host_ids;        // distinct host ids, ascending
+    std::vector<int> host_index_of;   // group rank -> index of its host in host_ids
+    std::vector<int> local_index_of;  // group rank -> index among its host's ranks
+    bool host_major = false;          // group rank == host_index * ranks_per_host + local_index
+  };
+  bool multi_host() const { return hier_ != nullptr; }
+  // Local sub-collectives of a multi-host collective use their own sequence numbers.
+  Arrival local_arrive(OpKind op, const at::Tensor& like, int redop, int64_t numel, int64_t root,
+                       const std::string& what);
+  void hier_all_reduce(const at::Tensor& data, int redop, const std::string& what, int device);
+  void hier_all_gather(const at::Tensor& input, const at::Tensor& output, const std::string& what, int device);
+  void hier_reduce_scatter(const at::Tensor& input, const at::Tensor& output, int redop, const std::string& what,
+                           int device);
+  void hier_broadcast(const at::Tensor& data, int root, const std::string& what, int device);
+  void hier_barrier(const std::string& what, int device);
+  // Waits for a gloo Work; its errors become DistBackendError naming `what` and fail the group.
+  void dcn_wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
+  void record_dcn(int device, double payload, double ici_bytes, int ici_steps, double dcn_bytes);
+  // Posts this rank's failure reason in the store, where ranks on other hosts look for the
+  // cause of a gloo error.
+  void publish_failure();
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::atomic<bool> failure_published_{false};
+
   Config config_;
+  std::unique_ptr<Hierarchy> hier_;
+  uint64_t local_seq_ = 0;  // collective thread only
   std::unique_ptr<ShmGroup> group_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Executor> collectives_;

@@ -139,10 +139,11 @@ ShmGroup::~ShmGroup() { close(); }
 Header& ShmGroup::header(int r) const { return *static_cast<Header*>(segments_[r].data()); }
 
 std::string ShmGroup::describe_rank(int r) const {
-  std::string s = "rank " + std::to_string(r);
+  const int64_t label = r < static_cast<int>(opts_.group_ranks.size()) ? opts_.group_ranks[r] : r;
+  std::string s = "rank " + std::to_string(label);
   std::string extra;
   if (!opts_.global_ranks.empty() && r < static_cast<int>(opts_.global_ranks.size()) &&
-      opts_.global_ranks[r] != r) {
+      opts_.global_ranks[r] != label) {
     extra = "global rank " + std::to_string(opts_.global_ranks[r]);
   }
   if (r < static_cast<int>(pids_.size()) && pids_[r].pid > 0) {
@@ -179,8 +180,10 @@ std::string seconds_text(std::chrono::milliseconds ms) {
 
 void ShmGroup::check_health(int waiting_for, bool all, const std::string& what,
                             std::chrono::steady_clock::time_point start) {
+  const int64_t me = opts_.rank < static_cast<int>(opts_.group_ranks.size()) ? opts_.group_ranks[opts_.rank]
+                                                                            : opts_.rank;
   const std::string where = "tpu_dist " + what + " in group '" + opts_.group_name + "' (rank " +
-                            std::to_string(opts_.rank) + " of " + std::to_string(opts_.size) + ")";
+                            std::to_string(me) + ")";
   for (int r = 0; r < opts_.size; ++r) {
     if (r == opts_.rank || (!all && r != waiting_for)) continue;
     Header& h = header(r);

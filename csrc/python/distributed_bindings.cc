@@ -25,20 +25,27 @@ void register_distributed_bindings(py::module_& m) {
       .def_property_readonly("timeout_seconds",
                              [](const TpuBackend& b) { return std::chrono::duration<double>(b.timeout()).count(); })
       .def_property_readonly("buffer_bytes", [](const TpuBackend& b) { return b.config().buffer_bytes; })
-      .def_property_readonly("group_name", [](const TpuBackend& b) { return b.config().group_name; });
+      .def_property_readonly("group_name", [](const TpuBackend& b) { return b.config().group_name; })
+      .def_property_readonly("hosts", [](const TpuBackend& b) { return b.config().hosts; });
 
   m.def(
       "_tpu_dist_create",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeout_seconds,
-         const std::string& group_name, const std::vector<int64_t>& global_ranks) {
+         const std::string& group_name, const std::vector<int64_t>& global_ranks, const std::vector<int>& hosts,
+         std::optional<c10::intrusive_ptr<c10d::Backend>> cross,
+         std::optional<c10::intrusive_ptr<c10d::Backend>> flat) {
         TpuBackend::Config config;
         config.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
         config.group_name = group_name;
         config.global_ranks = global_ranks;
+        config.hosts = hosts;
+        if (cross) config.cross = *cross;
+        if (flat) config.flat = *flat;
         return c10::make_intrusive<TpuBackend>(store, rank, size, std::move(config));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout_seconds"), py::arg("group_name"),
-      py::arg("global_ranks"), py::call_guard<py::gil_scoped_release>());
+      py::arg("global_ranks"), py::arg("hosts") = std::vector<int>(), py::arg("cross") = py::none(),
+      py::arg("flat") = py::none(), py::call_guard<py::gil_scoped_release>());
 
   m.def("_tpu_dist_segments", [] { return dist::list_segments(); });
   m.def("_tpu_dist_remove_stale_segments", [] { return dist::remove_stale_segments(); });

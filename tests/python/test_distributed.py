@@ -21,14 +21,19 @@ CONFIGS = {
     "3ranks_small_buffers": (3, {"TORCH_TPU_DIST_BUFFER_BYTES": "64KiB", "TORCH_TPU_DIST_SMALL_BYTES": "1KiB",
                                  "TORCH_TPU_DIST_P2P_BYTES": "64KiB"}),
     "2ranks_defaults": (2, {}),
+    # Two simulated hosts (TORCH_TPU_HOST_ID) of a v5p-16 slice: shared memory inside a host,
+    # gloo across; 4 ranks = 2 per host (hierarchical), 3 ranks = 2 + 1 (flat gloo fallback).
+    "4ranks_2hosts": (4, {"TORCH_TPU_TOPOLOGY": "v5p-16", "TORCH_TPU_DIST_BUFFER_BYTES": "64KiB",
+                          "TORCH_TPU_DIST_SMALL_BYTES": "1KiB"}, 2),
+    "3ranks_2hosts_uneven": (3, {"TORCH_TPU_TOPOLOGY": "v5p-16"}, 2),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def battery(request, tmp_path_factory):
-    world, env = CONFIGS[request.param]
+    world, env, *hosts = CONFIGS[request.param]
     out = tmp_path_factory.mktemp(request.param)
-    results, status = run_scenario("collectives", world, out, env=env, timeout=240)
+    results, status = run_scenario("collectives", world, out, env=env, timeout=240, hosts=hosts[0] if hosts else 1)
     for r, (rc, tail) in status.items():
         assert rc == 0, f"rank {r} exited with {rc}:\n{tail}"
     assert sorted(results) == list(range(world)), f"missing ranks: {status}"

@@ -91,3 +91,16 @@ def test_stale_segments_are_removed(tmp_path, run_python):
         for path in (stale, live):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_rank_killed_on_another_host(tmp_path):
+    """Two simulated hosts (v5p-16, 2 ranks each): rank 3 dies; rank 2 (same host) sees it in
+    shared memory, ranks 0 and 1 see gloo fail and name rank 3 from the cause rank 2 posts."""
+    results, status = run_scenario("kill", 4, tmp_path, env={"TORCH_TPU_TOPOLOGY": "v5p-16", "DIST_TIMEOUT": "20"},
+                                   timeout=120, hosts=2)
+    assert status[3][0] == -9
+    _statuses_ok(status, [0, 1, 2])
+    for r in (0, 1, 2):
+        err = results[r]["error"]
+        assert "DistBackendError" in err and "rank 3" in err and "died" in err, err
+        assert results[r]["elapsed"] < 10

@@ -60,22 +60,42 @@ def _timeout_seconds(timeout) -> float:
     return float(timeout)
 
 
+def host_id() -> int:
+    """This process's host in the slice: ``TORCH_TPU_HOST_ID`` (default 0), as the runtime reads it."""
+    return int(os.environ.get("TORCH_TPU_HOST_ID", "0") or 0)
+
+
 def _create_backend(dist_opts, pg_opts=None):
     """Creator passed to ``Backend.register_backend`` (extended API).
 
     ``dist_opts`` is a ``torch._C._distributed_c10d._DistributedBackendOptions``:
     store (a PrefixStore unique to the group), group_rank, group_size, timeout,
-    group_id and global_ranks_in_group. Rendezvous happens here: every rank of
-    the group creates its shared-memory segment and maps the others'.
+    group_id and global_ranks_in_group. Rendezvous happens here: the ranks publish
+    their hosts; those of one host create shared-memory segments and map each
+    other's. A group spanning hosts also gets two gloo groups for the part that
+    crosses hosts (TCP, the slice's DCN): one per local index across hosts, and
+    one over all ranks for collectives without a hierarchical form.
     """
-    return _C._tpu_dist_create(
-        dist_opts.store,
-        dist_opts.group_rank,
-        dist_opts.group_size,
-        _timeout_seconds(dist_opts.timeout),
-        str(dist_opts.group_id),
-        list(dist_opts.global_ranks_in_group),
-    )
+    store, rank, size = dist_opts.store, dist_opts.group_rank, dist_opts.group_size
+    timeout = _timeout_seconds(dist_opts.timeout)
+    hosts = [host_id()] * size
+    if size > 1:
+        store.set(f"tpu_dist/host/{rank}", str(hosts[rank]))
+        hosts = [int(store.get(f"tpu_dist/host/{r}")) for r in range(size)]
+    cross = flat = None
+    if len(set(hosts)) > 1:
+        from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo
+
+        ids = sorted(set(hosts))
+        per_host = [hosts.count(h) for h in ids]
+        local_index = [r for r in range(size) if hosts[r] == hosts[rank]].index(rank)
+        gloo_timeout = timedelta(seconds=timeout)
+        if len(set(per_host)) == 1:
+            cross = ProcessGroupGloo(PrefixStore(f"tpu_dist/cross{local_index}/", store), ids.index(hosts[rank]),
+                                     len(ids), gloo_timeout)
+        flat = ProcessGroupGloo(PrefixStore("tpu_dist/flat/", store), rank, size, gloo_timeout)
+    return _C._tpu_dist_create(store, rank, size, timeout, str(dist_opts.group_id),
+                               list(dist_opts.global_ranks_in_group), hosts, cross, flat)
 
 
 def _register() -> None:
