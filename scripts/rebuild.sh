@@ -5,4 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake --build build/py -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
 site=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['platlib'])")
-cp build/py/_C*.so "$site/torch_tpu/"
+# --remove-destination: a new inode, so running processes keep the library they mapped
+# (overwriting it in place makes every process using it crash).
+cp --remove-destination build/py/_C*.so "$site/torch_tpu/"
