@@ -8,8 +8,9 @@ bus bandwidth (nccl-tests convention):
 
 where S is the size of the full buffer (all_reduce: the tensor; all_gather: the output;
 reduce_scatter: the input), t the median time of one call (synchronized) and n the ranks.
-The physical limit printed beside it is memcpy bandwidth (bytes copied per second by
-``dst.copy_(src)`` of 64 MiB in one process, and per process when n processes copy at once).
+The physical limit printed beside it is memcpy bandwidth: bytes copied per second by
+``dst.copy_(src)`` of the same size in one process, measured right before each row (the
+machine's load drifts), plus 64 MiB copies per process when n processes copy at once.
 
 Run: python bench/collectives.py [--ranks 2 4] [--max-bytes 256MiB] [--ops all_reduce ...]
 Prints a markdown table; ``--json PATH`` also writes the raw numbers.
@@ -67,7 +68,7 @@ def memcpy_bandwidth(nbytes=64 << 20):
 
     src = torch.ones(nbytes, dtype=torch.uint8)
     dst = torch.empty_like(src)
-    t = _time(lambda: dst.copy_(src), lambda: None, 10)
+    t = _time(lambda: dst.copy_(src), lambda: None, max(5, min(200, (64 << 20) // nbytes)))
     return nbytes / t
 
 
@@ -81,15 +82,24 @@ def worker(args):
     torch.tpu.set_device(dev)
     dist.init_process_group("tpu_dist", rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
+    # PyTorch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single.
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     results = {"memcpy_parallel": None, "rows": []}
     dist.barrier()
     results["memcpy_parallel"] = memcpy_bandwidth()  # all ranks copy at once
     dist.barrier()
     for op in args.ops:
-        for size in [s for s in SIZES if s <= args.max_bytes]:
+        for size in [s for s in SIZES if args.min_bytes <= s <= args.max_bytes]:
             numel = size // 4
             numel -= numel % world
             row = {"op": op, "bytes": size, "ranks": world}
+            # The physical limit at this size, measured now (the machine's load drifts): rank 0
+            # copies `size` bytes while the others wait.
+            dist.barrier(group=gloo)
+            if rank == 0:
+                row["memcpy"] = memcpy_bandwidth(size)
+            dist.barrier(group=gloo)
             for backend in ("tpu_dist", "gloo"):
                 device = dev if backend == "tpu_dist" else torch.device("cpu")
                 group = None if backend == "tpu_dist" else gloo
@@ -100,11 +110,11 @@ def worker(args):
                 elif op == "all_gather":
                     inp = torch.ones(numel // world, device=device)
                     out = torch.empty(numel, device=device)
-                    fn = lambda i=inp, o=out, group=group: dist.all_gather_into_tensor(o, i, group=group)  # noqa
+                    fn = lambda i=inp, o=out, group=group: all_gather(o, i, group=group)  # noqa
                 else:
                     inp = torch.ones(numel, device=device)
                     out = torch.empty(numel // world, device=device)
-                    fn = lambda i=inp, o=out, group=group: dist.reduce_scatter_tensor(o, i, group=group)  # noqa
+                    fn = lambda i=inp, o=out, group=group: reduce_scatter(o, i, group=group)  # noqa
                 budget = 0.3 if size < (16 << 20) else 1.0
                 # Every rank must make the same calls: agree on the iteration count first.
                 dist.barrier()
@@ -139,8 +149,8 @@ def run_world(world, args):
     procs = []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--out", out, "--max-bytes",
-               str(args.max_bytes), "--ops", *args.ops]
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--out", out, "--min-bytes",
+               str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--ops", *args.ops]
         procs.append(subprocess.Popen(cmd, env=env))
     codes = [p.wait() for p in procs]
     if any(codes):
@@ -154,6 +164,7 @@ def run_world(world, args):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--min-bytes", type=_parse_bytes, default=1 << 10)
     p.add_argument("--max-bytes", type=_parse_bytes, default=256 << 20)
     p.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
     p.add_argument("--json", help="also write the raw numbers here")
@@ -170,13 +181,14 @@ def main():
     print(f"\nmemcpy (one process, 64 MiB): {single / 1e9:.2f} GB/s")
     for world, data in report["worlds"].items():
         print(f"memcpy ({world} processes at once, per process): {data['memcpy_parallel'] / 1e9:.2f} GB/s")
-    print("\n| op | bytes | ranks | tpu_dist busbw GB/s | gloo busbw GB/s | tpu_dist / gloo | tpu_dist / memcpy |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| op | bytes | ranks | tpu_dist busbw GB/s | gloo busbw GB/s | memcpy GB/s | tpu_dist / gloo "
+          "| tpu_dist / memcpy |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for world, data in report["worlds"].items():
         for row in data["rows"]:
-            t, g = row["tpu_dist"]["busbw"], row["gloo"]["busbw"]
+            t, g, m = row["tpu_dist"]["busbw"], row["gloo"]["busbw"], row["memcpy"]
             print(f"| {row['op']} | {_fmt_bytes(row['bytes'])} | {world} | {t / 1e9:.2f} | {g / 1e9:.2f} | "
-                  f"{t / g:.1f}x | {t / single:.0%} |")
+                  f"{m / 1e9:.2f} | {t / g:.1f}x | {t / m:.0%} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -224,7 +224,7 @@ void Executor::run() {
 
 TpuBackend::TpuBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, Config config)
     : c10d::Backend(rank, size), config_(std::move(config)) {
-  if (config_.buffer_bytes == 0) config_.buffer_bytes = env_bytes("TORCH_TPU_DIST_BUFFER_BYTES", 8 << 20);
+  if (config_.buffer_bytes == 0) config_.buffer_bytes = env_bytes("TORCH_TPU_DIST_BUFFER_BYTES", 2 << 20);
   if (config_.p2p_bytes == 0) config_.p2p_bytes = env_bytes("TORCH_TPU_DIST_P2P_BYTES", 1 << 20);
   if (config_.small_bytes == 0) config_.small_bytes = env_bytes("TORCH_TPU_DIST_SMALL_BYTES", 64 << 10);
   ShmGroup::Options o;

@@ -70,7 +70,7 @@ class TpuBackend : public c10d::Backend {
     std::chrono::milliseconds timeout{60000};
     std::string group_name;
     std::vector<int64_t> global_ranks;
-    size_t buffer_bytes = 0;  // 0: TORCH_TPU_DIST_BUFFER_BYTES or 8 MiB
+    size_t buffer_bytes = 0;  // 0: TORCH_TPU_DIST_BUFFER_BYTES or 2 MiB (windows that stay in L2/L3 beat larger ones)
     size_t p2p_bytes = 0;     // 0: TORCH_TPU_DIST_P2P_BYTES or 1 MiB
     size_t small_bytes = 0;   // 0: TORCH_TPU_DIST_SMALL_BYTES or 64 KiB
     // Groups spanning hosts: the host id of every group rank, and gloo backends for the

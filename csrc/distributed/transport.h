@@ -53,7 +53,7 @@ class ShmGroup {
     std::vector<int64_t> global_ranks;  // shm rank -> global rank (empty: identity)
     std::vector<int64_t> group_ranks;   // shm rank -> rank in the c10d group (empty: identity;
                                         // differs when the group spans hosts)
-    size_t buffer_bytes = 8 << 20;      // each of the two collective buffers
+    size_t buffer_bytes = 2 << 20;      // each of the two collective buffers
     size_t p2p_bytes = 1 << 20;         // mailbox per destination
   };
 
