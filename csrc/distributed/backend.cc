@@ -360,6 +360,7 @@ void TpuBackend::record(const Arrival& a, OpKind op, double payload_bytes, uint6
 c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceOptions& opts) {
   check_usable("all_reduce");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   at::Tensor& t = single(tensors, "all_reduce");
   check_tensor(t, "all_reduce", "tensor");
   const int redop = opts.reduceOp.op_;
@@ -395,6 +396,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce(std::vector<at::Tensor>& te
 c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                const c10d::AllreduceCoalescedOptions& opts) {
   check_usable("all_reduce_coalesced");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   TORCH_CHECK(!tensors.empty(), "tpu_dist all_reduce_coalesced: no tensors");
   const int redop = opts.reduceOp.op_;
   for (const auto& t : tensors) {
@@ -445,6 +447,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce_coalesced(std::vector<at::T
 c10::intrusive_ptr<c10d::Work> TpuBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                      const c10d::BroadcastOptions& opts) {
   check_usable("broadcast");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   at::Tensor& t = single(tensors, "broadcast");
   check_tensor(t, "broadcast", "tensor");
   TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "tpu_dist broadcast: root rank ", opts.rootRank,
@@ -473,6 +476,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::broadcast(std::vector<at::Tensor>& te
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   check_usable("reduce");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   at::Tensor& t = single(tensors, "reduce");
   check_tensor(t, "reduce", "tensor");
   TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "tpu_dist reduce: root rank ", opts.rootRank,
@@ -551,6 +555,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather(std::vector<std::vector<at:
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) {
   check_usable("all_gather");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   at::Tensor& in = single(inputs, "all_gather");
   check_tensor(in, "all_gather", "input");
   TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), "tpu_dist all_gather: ",
@@ -577,6 +582,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather(std::vector<std::vector<at:
 c10::intrusive_ptr<c10d::Work> TpuBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                            const c10d::AllgatherOptions& opts) {
   check_usable("all_gather_into_tensor");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   check_tensor(input, "all_gather_into_tensor", "input");
   check_tensor(output, "all_gather_into_tensor", "output");
   check_same(output, input, "all_gather_into_tensor", "the output", "the input");
@@ -598,6 +604,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_coalesced(std::vector<std::
                                                                std::vector<at::Tensor>& inputs,
                                                                const c10d::AllgatherOptions& opts) {
   check_usable("all_gather_coalesced");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   TORCH_CHECK(outputs.size() == inputs.size(), "tpu_dist all_gather_coalesced: ", outputs.size(),
               " output lists for ", inputs.size(), " inputs");
   std::vector<at::Tensor> all, outs;
@@ -635,6 +642,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_into_tensor_coalesced(std::
                                                                            std::vector<at::Tensor>& inputs,
                                                                            const c10d::AllgatherOptions& opts) {
   check_usable("all_gather_into_tensor_coalesced");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   TORCH_CHECK(outputs.size() == inputs.size(), "tpu_dist all_gather_into_tensor_coalesced: ", outputs.size(),
               " outputs for ", inputs.size(), " inputs");
   std::vector<Descriptor> ds;
@@ -665,6 +673,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_into_tensor_coalesced(std::
 c10::intrusive_ptr<c10d::Work> TpuBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                   std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
   check_usable("gather");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   at::Tensor& in = single(inputs, "gather");
   check_tensor(in, "gather", "input");
   const int root = static_cast<int>(opts.rootRank);
@@ -722,6 +731,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::scatter(std::vector<at::Tensor>& outp
                                                    std::vector<std::vector<at::Tensor>>& inputs,
                                                    const c10d::ScatterOptions& opts) {
   check_usable("scatter");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   at::Tensor& out = single(outputs, "scatter");
   check_tensor(out, "scatter", "output");
   const int root = static_cast<int>(opts.rootRank);
@@ -809,6 +819,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter(std::vector<at::Tensor
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ReduceScatterOptions& opts) {
   check_usable("reduce_scatter");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   at::Tensor& out = single(outputs, "reduce_scatter");
   check_tensor(out, "reduce_scatter", "output");
   TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
@@ -836,6 +847,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter(std::vector<at::Tensor
 c10::intrusive_ptr<c10d::Work> TpuBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::ReduceScatterOptions& opts) {
   check_usable("reduce_scatter_tensor");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   check_tensor(input, "reduce_scatter_tensor", "input");
   check_tensor(output, "reduce_scatter_tensor", "output");
   check_same(output, input, "reduce_scatter_tensor", "the output", "the input");
@@ -859,6 +871,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter_tensor_coalesced(std::
                                                                            std::vector<at::Tensor>& inputs,
                                                                            const c10d::ReduceScatterOptions& opts) {
   check_usable("reduce_scatter_tensor_coalesced");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   TORCH_CHECK(outputs.size() == inputs.size(), "tpu_dist reduce_scatter_tensor_coalesced: ", outputs.size(),
               " outputs for ", inputs.size(), " inputs");
   const int redop = opts.reduceOp.op_;
@@ -894,6 +907,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall_base(at::Tensor& output, at:
                                                          std::vector<int64_t>& input_split_sizes,
                                                          const c10d::AllToAllOptions& opts) {
   check_usable("all_to_all_single");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   check_tensor(input, "all_to_all_single", "input");
   check_tensor(output, "all_to_all_single", "output");
   check_same(output, input, "all_to_all_single", "the output", "the input");
@@ -968,6 +982,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall_base(at::Tensor& output, at:
 c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                     const c10d::AllToAllOptions& opts) {
   check_usable("all_to_all");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   const int n = getSize();
   TORCH_CHECK(static_cast<int>(inputs.size()) == n && static_cast<int>(outputs.size()) == n,
               "tpu_dist all_to_all: expects ", n, " input and ", n, " output tensors, got ", inputs.size(), " and ",
@@ -1032,6 +1047,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall(std::vector<at::Tensor>& out
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::barrier(const c10d::BarrierOptions& opts) {
   check_usable("barrier");
+  std::lock_guard<std::mutex> issue(issue_mu_);  // sequence numbers in submission order
   const uint64_t seq = ++seq_;
   const Descriptor d = describe(OpKind::kBarrier, at::Tensor(), 0, 0, -1);
   const std::string what = "barrier (collective #" + std::to_string(seq) + ")";

@@ -195,6 +195,9 @@ class TpuBackend : public c10d::Backend {
   std::mutex peers_mu_;
   std::map<int, std::unique_ptr<Executor>> senders_, receivers_;
   std::atomic<uint64_t> seq_{0};
+  // Held from a collective's sequence number to its submission, so threads issuing
+  // collectives on one group cannot queue them out of sequence order.
+  std::mutex issue_mu_;
   std::atomic<bool> shut_down_{false};
 };
 
