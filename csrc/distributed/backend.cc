@@ -276,6 +276,7 @@ TpuBackend::TpuBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
   group_ = std::make_unique<ShmGroup>(shm_store, o);
   engine_ = std::make_unique<Engine>(*group_, runtime().topology(), config_.small_bytes);
   collectives_ = std::make_unique<Executor>("tpu_dist");
+  if (multi_host() && group_->size() > 1) watcher_ = std::thread([this] { watch_local_peers(); });
 }
 
 TpuBackend::~TpuBackend() { shutdown(); }
@@ -291,6 +292,12 @@ void TpuBackend::setTimeout(std::chrono::milliseconds timeout) {
 
 void TpuBackend::shutdown() {
   if (shut_down_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(watcher_mu_);
+    watcher_stop_ = true;
+  }
+  watcher_cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
   collectives_.reset();
   {
     std::lock_guard<std::mutex> lock(peers_mu_);

@@ -185,6 +185,14 @@ class TpuBackend : public c10d::Backend {
   void publish_failure();
   c10::intrusive_ptr<c10d::Store> store_;
   std::atomic<bool> failure_published_{false};
+  // Groups spanning hosts: ranks on other hosts cannot see this host's processes, so a
+  // watcher posts the death of a local peer in the store at once, whatever this rank is
+  // doing (possibly waiting in gloo).
+  void watch_local_peers();
+  std::thread watcher_;
+  std::mutex watcher_mu_;
+  std::condition_variable watcher_cv_;
+  bool watcher_stop_ = false;
 
   Config config_;
   std::unique_ptr<Hierarchy> hier_;

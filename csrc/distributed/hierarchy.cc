@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <thread>
 
 #include "aten/device.h"
@@ -50,9 +52,27 @@ void TpuBackend::publish_failure() {
   if (failure_published_.exchange(true)) return;
   try {
     const std::string reason = group_->failure();
-    store_->set(kFailureKey, std::vector<uint8_t>(reason.begin(), reason.end()));
+    // The first root cause wins: later failures are usually its consequences.
+    store_->compareSet(kFailureKey, {}, std::vector<uint8_t>(reason.begin(), reason.end()));
   } catch (const std::exception&) {
     // The store may be gone with the rank that hosted it.
+  }
+}
+
+void TpuBackend::watch_local_peers() {
+  pthread_setname_np(pthread_self(), "tpu_dist_watch");
+  std::unique_lock<std::mutex> lock(watcher_mu_);
+  while (!watcher_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return watcher_stop_; })) {
+    if (group_->failed()) {
+      publish_failure();
+      return;
+    }
+    const int dead = group_->dead_peer();
+    if (dead >= 0) {
+      group_->mark_failed(dead, group_->describe_rank(dead) + " died (its process is gone)");
+      publish_failure();
+      return;
+    }
   }
 }
 
@@ -62,9 +82,9 @@ void TpuBackend::dcn_wait(const c10::intrusive_ptr<c10d::Work>& work, const std:
   } catch (const std::exception& e) {
     // gloo names a socket, not a rank: a rank that saw the root cause (a peer's death on
     // its host) publishes it in the store; give it a moment to arrive.
-    std::string cause;
+    std::string cause, store_note;
     try {
-      for (int i = 0; i < 20 && cause.empty(); ++i) {
+      for (int i = 0; i < 40 && cause.empty(); ++i) {
         if (store_->check({kFailureKey})) {
           const auto v = store_->get(kFailureKey);
           cause = std::string(v.begin(), v.end());
@@ -72,11 +92,15 @@ void TpuBackend::dcn_wait(const c10::intrusive_ptr<c10d::Work>& work, const std:
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
       }
-    } catch (const std::exception&) {
+    } catch (const c10::Error& store_error) {
+      store_note = std::string(" (the store could not be asked for the cause: ") +
+                   store_error.what_without_backtrace() + ")";
+    } catch (const std::exception& store_error) {
+      store_note = std::string(" (the store could not be asked for the cause: ") + store_error.what() + ")";
     }
     const std::string msg = "tpu_dist " + what + " in group '" + config_.group_name + "' (rank " +
                             std::to_string(getRank()) + "): " +
-                            (cause.empty() ? std::string("the part across hosts (gloo over TCP) failed: ") + e.what()
+                            (cause.empty() ? std::string("the part across hosts (gloo over TCP) failed: ") + e.what() + store_note
                                            : cause + " (reported through the store; gloo: " + e.what() + ")");
     group_->mark_failed(-1, cause.empty() ? msg : cause);
     failure_published_ = true;  // a consequence, not a root cause

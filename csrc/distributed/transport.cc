@@ -327,6 +327,16 @@ std::string ShmGroup::failure() const {
   return failure_;
 }
 
+int ShmGroup::dead_peer() const {
+  for (int r = 0; r < opts_.size; ++r) {
+    if (r == opts_.rank || segments_.empty()) continue;
+    const auto state = static_cast<PeerState>(header(r).state.load(std::memory_order_acquire));
+    // A peer that failed first (kFailed) or left (kClosed) exits as a consequence.
+    if (state == PeerState::kRunning && !process_alive(pids_[r])) return r;
+  }
+  return -1;
+}
+
 void ShmGroup::close() {
   if (segments_.empty() || segments_[opts_.rank].data() == nullptr) return;
   Header& h = header(opts_.rank);

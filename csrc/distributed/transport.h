@@ -106,6 +106,8 @@ class ShmGroup {
   bool failed() const;
   std::string failure() const;
   void close();  // normal shutdown: peers still waiting on us are told we left
+  // A peer whose process is gone without having closed the group, or -1.
+  int dead_peer() const;
 
  private:
   Header& header(int r) const;

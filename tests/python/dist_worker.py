@@ -583,6 +583,7 @@ def scenario_kill():
     except Exception as e:  # noqa: BLE001
         result["after"] = f"{type(e).__name__}: {e}"
     write(result)
+    time.sleep(1.5)  # rank 0 hosts the store, where ranks on other hosts look up the cause
     os._exit(0)
 
 
