@@ -73,7 +73,10 @@ std::vector<QueuedArg> queue_args(const c10::FunctionSchema& schema, c10::ArrayR
     QueuedArg& q = out[i];
     // Host tensors are snapshots: the caller may change them once we return.
     auto recipe = [](const at::Tensor& t) {
-      return TensorRecipe::of(t.device().is_cpu() ? t.clone() : t);
+      if (!t.device().is_cpu()) return TensorRecipe::of(t);
+      TensorRecipe r = TensorRecipe::of(t.clone());
+      r.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();  // keeps type promotion
+      return r;
     };
     if (v.isTensor()) {
       const auto& t = v.toTensor();
@@ -156,6 +159,12 @@ at::Tensor tpu_result(const TensorMeta& m, const ReturnAlias& alias, const at::T
         set_metadata(aliased, m.sizes, m.strides, m.offset);  // an out= argument the op resized
       }
       return aliased;
+    }
+    if (m.dtype != aliased.scalar_type()) {  // view_as_real / view_as_complex / view(dtype)
+      at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
+          c10::Storage(aliased.storage()), aliased.key_set(), c10::scalarTypeToTypeMeta(m.dtype));
+      view.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides, m.offset);
+      return view;
     }
     return aliased.as_strided(m.sizes, m.strides, m.offset);
   }
@@ -382,6 +391,8 @@ namespace torch_tpu {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
   m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  // CompositeExplicitAutograd, but it rejects devices other than CPU/CUDA/XPU.
+  m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
 }
 }  // namespace torch_tpu
 

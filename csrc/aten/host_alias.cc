@@ -13,6 +13,8 @@ TensorRecipe TensorRecipe::of(const at::Tensor& t) {
   r.storage_offset = t.storage_offset();
   r.dtype = t.dtype();
   r.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
+  r.conj = t.is_conj();
+  r.neg = t.is_neg();
   return r;
 }
 
@@ -41,6 +43,8 @@ at::Tensor AliasBuilder::alias(const TensorRecipe& r) {
   auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second), key_set, r.dtype);
   t.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides, r.storage_offset);
   if (r.wrapped_number) t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  if (r.conj) t._set_conj(true);
+  if (r.neg) t._set_neg(true);
   return t;
 }
 

@@ -22,6 +22,8 @@ struct TensorRecipe {
   int64_t storage_offset = 0;
   caffe2::TypeMeta dtype;
   bool wrapped_number = false;
+  bool conj = false;  // lazy conjugate / negation bits (views of complex tensors)
+  bool neg = false;
 
   static TensorRecipe of(const at::Tensor& t);
 };

@@ -3,6 +3,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "aten/device.h"
 #include "aten/matmul_precision.h"
@@ -69,6 +70,16 @@ OpInfo* build(const c10::OperatorHandle& op) {
   for (size_t r = 0; r < schema.returns().size(); ++r) info->returns.push_back(return_alias(schema, r));
   for (const auto& a : schema.arguments()) info->writes_args |= (alias_of(a) && alias_of(a)->isWrite());
   info->matmul = is_matmul_family(op);
+  // Ops whose meta kernels disagree with their CPU kernels (output dtypes or
+  // shapes), or whose CPU out= kernels resize or re-stride their outputs:
+  // they run synchronously on the CPU kernel's own results.
+  static const std::unordered_set<std::string> meta_disagrees = {
+      "aten::native_batch_norm", "aten::_native_batch_norm_legit",
+      "aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_with_update",
+      "aten::_batch_norm_no_update", "aten::huber_loss", "aten::binary_cross_entropy",
+      "aten::_embedding_bag", "aten::_embedding_bag_forward_only", "aten::max_unpool2d",
+      "aten::max_unpool3d"};
+  if (meta_disagrees.count(schema.name())) info->no_meta = true;
   info->out_variant = find_out_variant(op);
   return info;
 }
