@@ -42,6 +42,7 @@ torch.utils.generate_methods_for_privateuse1_backend(
 )
 
 from .eager import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
+from . import debug  # noqa: E402,F401  (defer_and_fuse counters)
 from . import distributed  # noqa: E402,F401  (registers the tpu_dist backend)
 
 __version__ = "0.1.0"

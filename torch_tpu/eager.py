@@ -10,32 +10,40 @@
   first op whose output holds NaN/Inf raises. Errors name the op, its argument
   shapes and dtypes, and the Python source line. ``TORCH_TPU_LAUNCH_BLOCKING=1``
   selects it at start.
-* ``"defer_and_fuse"``: fusible ops are recorded and run as fused regions
-  (``TORCH_TPU_DEFER_AND_FUSE=1``). Not available yet: selecting it raises
-  ``NotImplementedError``.
+* ``"defer_and_fuse"``: fusible ops (elementwise, comparisons, ``where``,
+  ``clamp``, activations and their backward ops, ``sum``/``mean``/``amax``/
+  ``amin`` reductions, softmax, dtype casts) are recorded into the chip's
+  pending region instead of running; the region is compiled once per structure
+  into fused kernels and queued when something flushes it: an op that reads or
+  writes its tensors strictly, a host read (``.item()``, ``.cpu()``,
+  ``print``), a synchronize or stream/event use, ``TORCH_TPU_DEFER_MAX_OPS``
+  recorded ops (256), or leaving the mode. Results nobody holds at the flush
+  never get HBM. ``TORCH_TPU_DEFER_AND_FUSE=1`` selects it at start;
+  :mod:`torch_tpu.debug` reports what was fused.
 """
 
 import contextlib
-import warnings
 from typing import Iterator
 
 from . import _C
 
 MODES = ("strict", "debug", "defer_and_fuse")
-_AVAILABLE = ("strict", "debug")
 
 
 def _check(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"unknown eager mode {mode!r}; valid modes: {', '.join(MODES)}")
-    if mode not in _AVAILABLE:
-        raise NotImplementedError(f"eager mode {mode!r} is not available yet; available: {', '.join(_AVAILABLE)}")
     return mode
 
 
 def set_eager_mode(mode: str) -> None:
-    """Set the process-wide eager mode. Raises ValueError for an unknown mode."""
-    _C._set_eager_mode(_check(mode))
+    """Set the process-wide eager mode. Raises ValueError for an unknown mode.
+
+    Leaving ``"defer_and_fuse"`` issues the work it has recorded.
+    """
+    _check(mode)
+    _C._defer_flush()
+    _C._set_eager_mode(mode)
 
 
 def get_eager_mode() -> str:
@@ -45,7 +53,10 @@ def get_eager_mode() -> str:
 
 @contextlib.contextmanager
 def eager_mode(mode: str) -> Iterator[None]:
-    """Use ``mode`` on this thread inside the block (wins over the global mode)."""
+    """Use ``mode`` on this thread inside the block (wins over the global mode).
+
+    Work recorded by ``"defer_and_fuse"`` inside the block is issued when it ends.
+    """
     _check(mode)
     previous = _C._get_thread_eager_mode()
     _C._set_thread_eager_mode(mode)
@@ -53,13 +64,11 @@ def eager_mode(mode: str) -> Iterator[None]:
         yield
     finally:
         _C._set_thread_eager_mode(previous)
+        if mode == "defer_and_fuse":
+            _C._defer_flush()
 
 
 def set_check_finite(enabled: bool) -> None:
     """In debug mode, raise at the first op whose floating output holds NaN or Inf."""
     _C._set_check_finite(bool(enabled))
 
-
-if _C._get_eager_mode() not in _AVAILABLE:  # TORCH_TPU_DEFER_AND_FUSE=1 before the mode exists
-    warnings.warn("TORCH_TPU_DEFER_AND_FUSE=1: defer_and_fuse is not available yet; running in strict mode")
-    _C._set_eager_mode("strict")

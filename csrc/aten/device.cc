@@ -4,6 +4,7 @@
 #include <mutex>
 #include <vector>
 
+#include "aten/defer.h"
 #include "aten/errors.h"
 
 namespace torch_tpu {
@@ -72,7 +73,7 @@ c10::Stream default_stream(c10::DeviceIndex index) {
 
 void set_current_stream(const c10::Stream& stream) {
   TORCH_CHECK(stream.device_type() == kTPU, "expected a tpu stream, got ", stream);
-  vtpu_stream(stream);  // validates
+  translate_errors([&] { chip(stream.device_index()).stream(stream.id()); });  // validates
   auto index = stream.device_index();
   if (static_cast<int64_t>(tls_streams.size()) <= index) tls_streams.resize(index + 1, 0);
   tls_streams[index] = stream.id();
@@ -80,6 +81,7 @@ void set_current_stream(const c10::Stream& stream) {
 
 vtpu::Stream& vtpu_stream(const c10::Stream& stream) {
   auto& c = chip(stream.device_index());
+  defer_before_stream_use(stream.device_index());  // deferred work is issued before other stream use
   return translate_errors([&]() -> vtpu::Stream& { return c.stream(stream.id()); });
 }
 
@@ -97,10 +99,12 @@ void run_blocking(const std::function<void()>& wait) {
 
 void synchronize_device(c10::DeviceIndex index) {
   auto& c = chip(resolve_index(index));
+  defer_flush_device(resolve_index(index));
   translate_errors([&] { run_blocking([&] { c.synchronize(); }); });
 }
 
 void synchronize_stream(vtpu::Stream& stream) {
+  defer_flush_device(static_cast<c10::DeviceIndex>(stream.chip()));
   translate_errors([&] { run_blocking([&] { stream.synchronize(); }); });
 }
 

@@ -22,6 +22,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "aten/defer.h"
 #include "aten/device.h"
 #include "aten/eager_mode.h"
 #include "aten/errors.h"
@@ -304,7 +305,10 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = op_info(op);
   TORCH_CHECK_NOT_IMPLEMENTED(!info.sparse, info.label, ": sparse tensors are not supported on tpu (TPUs "
                               "have no sparse layouts); use dense tensors");
-  if (eager_mode() == EagerMode::kDebug) {
+  const EagerMode mode = eager_mode();
+  if (mode == EagerMode::kDeferAndFuse && defer_record(op, stack, info)) return;
+  DeferChecked deferred(op, *stack);  // flushes a pending region this op reads or writes
+  if (mode == EagerMode::kDebug) {
     debug_fallback(op, stack, info.label);
   } else {
     strict_fallback(op, stack, info);
@@ -378,6 +382,8 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
   chip(device).record_cost(
       op_cost(schema, args, result_tensors(returned), at::globalContext().float32MatmulPrecision()));
 }
+
+void tpu_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { tpu_fallback(op, stack); }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());

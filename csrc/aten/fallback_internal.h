@@ -53,6 +53,9 @@ class DeviceCheck {
 // on the calling thread, and leaves tpu results on the stack.
 void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& label);
 
+// The boxed fallback every tpu op without a native kernel goes through.
+void tpu_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 // Debug mode: runs `op` synchronously with bounds / NaN checks; errors carry
 // the op, its arguments and the Python source line.
 void debug_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& label);

@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "aten/allocator.h"
+#include "aten/defer.h"
 #include "aten/device.h"
 #include "aten/errors.h"
 #include "aten/host_alias.h"
@@ -34,6 +35,7 @@ at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_
   // Broadcasting copies are expanded first so that both sides have one shape.
   at::Tensor source = src.sizes() == dst.sizes() ? src : src.expand(dst.sizes());
   if (dst.numel() == 0) return dst;
+  DeferChecked deferred({&source}, {&dst});  // flushes a pending region this copy reads or writes
   const bool src_tpu = source.device().type() == kTPU;
   const bool dst_tpu = dst.device().type() == kTPU;
   // HBM traffic on each chip involved (a host side moves no HBM bytes).
@@ -101,6 +103,7 @@ at::Scalar local_scalar_dense_tpu(const at::Tensor& self) {
 
 at::Tensor& fill_scalar_tpu_(at::Tensor& self, const at::Scalar& value) {
   if (self.numel() == 0) return self;
+  DeferChecked deferred({}, {&self});
   auto& stream = current_vtpu_stream(self.device().index());
   chip(self.device().index()).record_cost(transfer_cost(0, physical_bytes_of(self)));
   stream.enqueue("aten::fill_", [dst = TensorRecipe::of(self), value] {

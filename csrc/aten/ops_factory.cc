@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "aten/allocator.h"
+#include "aten/defer.h"
 #include "aten/device.h"
 #include "aten/tensor_factory.h"
 #include "vtpu/layout.h"
@@ -72,6 +73,7 @@ at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Scal
 
 void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
   TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
+  defer_flush_storage(storage);  // a deferred region may still produce or write it
   auto device = storage->device().index();
   auto data = tpu_allocator().allocate_on(device, nbytes, vtpu::physical_bytes_of_buffer(nbytes));
   size_t keep = std::min(nbytes, storage->nbytes());

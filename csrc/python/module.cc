@@ -17,6 +17,7 @@ namespace py = pybind11;
 namespace torch_tpu {
 void register_hooks();  // hooks.cc
 void register_distributed_bindings(pybind11::module_& m);  // distributed_bindings.cc
+void register_defer_bindings(pybind11::module_& m);        // defer_bindings.cc
 }
 
 namespace {
@@ -122,6 +123,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_tpu runtime bindings";
   m.attr("_DEVICE_TYPE") = static_cast<int>(kTPU);
   register_distributed_bindings(m);
+  register_defer_bindings(m);
   m.def("_init", [] {
     translate_errors([] {
       register_hooks();

@@ -211,7 +211,7 @@ def test_unknown_topology_lists_valid_names(corpus_dir, tmp_path):
 
 
 def test_unavailable_mode(tmp_path):
-    p = demo("--mode", "defer_and_fuse", "--out", tmp_path)
+    p = demo("--mode", "compile", "--out", tmp_path)
     assert p.returncode == 2 and "not available yet" in p.stderr
 
 

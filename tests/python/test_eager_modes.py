@@ -52,7 +52,7 @@ def test_launch_blocking_env_selects_debug():
     assert r.stdout.strip() == "debug"
 
 
-@pytest.mark.parametrize("mode", ["strict", "debug"])
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
 def test_modes_give_cpu_results_for_a_training_step(mode):
     torch.manual_seed(0)
     cpu = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
@@ -128,6 +128,12 @@ def test_strict_mode_error_is_sticky_then_cleared():
     del y
 
 
-def test_defer_and_fuse_is_not_available_yet():
-    with pytest.raises(NotImplementedError, match="not available yet"):
-        torch_tpu.set_eager_mode("defer_and_fuse")
+def test_defer_and_fuse_is_selectable():
+    torch_tpu.set_eager_mode("defer_and_fuse")
+    try:
+        assert torch_tpu.get_eager_mode() == "defer_and_fuse"
+    finally:
+        torch_tpu.set_eager_mode("strict")
+    r = _run("import torch, torch_tpu; print(torch_tpu.get_eager_mode())", TORCH_TPU_DEFER_AND_FUSE="1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "defer_and_fuse"

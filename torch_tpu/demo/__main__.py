@@ -42,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", default=None,
                    help="TPU slice, e.g. v6e-8, v5e-4, v5p-8, tpu7x-8 (default: $TORCH_TPU_TOPOLOGY or v6e-8)")
     p.add_argument("--mode", choices=MODES, default="strict",
-                   help="execution mode: strict (default, asynchronous) or debug (synchronous, checked); "
-                        "defer_and_fuse and compile are not available yet")
+                   help="execution mode: strict (default, asynchronous), debug (synchronous, checked) or "
+                        "defer_and_fuse (fusible ops recorded and run as fused kernels); compile is not "
+                        "available yet")
     p.add_argument("--out", default=default_out(),
                    help="folder for checkpoints and log.jsonl (default $XDG_CACHE_HOME/torch_tpu/demo, "
                         "i.e. ~/.cache/torch_tpu/demo)")

@@ -1,0 +1,75 @@
+// Kernels that route the fusible ops to the tpu fallback, where
+// defer_and_fuse may record them.
+//
+// Without them most fusible functional ops would not reach the fallback as
+// themselves: PyTorch's CompositeExplicitAutograd(NonFunctional) kernels
+// allocate the result (in HBM) and call the out= overload, which leaves
+// nothing to defer. With them, strict and debug modes run the functional op
+// through the same fallback (which uses the out= overload on the chip).
+#include <ATen/ops/_to_copy_native.h>
+#include <ATen/ops/clone_native.h>
+#include <torch/library.h>
+
+#include "aten/defer.h"
+#include "aten/defer_internal.h"
+#include "aten/eager_mode.h"
+#include "aten/fallback_internal.h"
+#include "aten/op_info.h"
+
+namespace torch_tpu {
+namespace {
+
+// Offers a natively implemented op to the recorder; true if recorded.
+template <typename... Args>
+bool try_record(const char* name, at::Tensor* result, Args&&... args) {
+  if (eager_mode() != EagerMode::kDeferAndFuse) return false;
+  static thread_local std::unordered_map<const char*, c10::OperatorHandle> handles;
+  auto it = handles.find(name);
+  if (it == handles.end()) it = handles.emplace(name, c10::Dispatcher::singleton().findSchemaOrThrow(name, "")).first;
+  torch::jit::Stack stack;
+  torch::jit::push(stack, std::forward<Args>(args)...);
+  if (!defer_record(it->second, &stack, op_info(it->second))) return false;
+  *result = stack.back().toTensor();
+  return true;
+}
+
+// _to_copy and clone keep their composite kernels (empty + copy_) outside
+// defer_and_fuse: they also serve device-to-host copies.
+at::Tensor to_copy_tpu(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                       std::optional<at::Device> device, std::optional<bool> pin_memory, bool non_blocking,
+                       std::optional<at::MemoryFormat> memory_format) {
+  at::Tensor out;
+  if ((!device || device->type() == c10::DeviceType::PrivateUse1) &&
+      try_record("aten::_to_copy", &out, self, dtype, layout, device, pin_memory, non_blocking, memory_format)) {
+    return out;
+  }
+  return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, memory_format);
+}
+
+at::Tensor clone_tpu(const at::Tensor& self, std::optional<at::MemoryFormat> memory_format) {
+  at::Tensor out;
+  if (try_record("aten::clone", &out, self, memory_format)) return out;
+  return at::native::clone(self, memory_format);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  for (const std::string& label : defer::fusible_op_labels()) {
+    const std::string qualified = label.substr(0, label.find('.'));
+    const std::string overload = label.find('.') == std::string::npos ? "" : label.substr(label.find('.') + 1);
+    if (qualified == "aten::_to_copy" || qualified == "aten::clone") continue;
+    auto handle = c10::Dispatcher::singleton().findOp({qualified, overload});
+    // Composite-implicit ops decompose into fusible ones (a backend kernel
+    // would bypass their autograd formula); native tpu kernels stay.
+    if (!handle || handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+        handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      continue;
+    }
+    m.impl(label.substr(6).c_str(), torch::CppFunction::makeFromBoxedFunction<&tpu_boxed_fallback>());
+  }
+  m.impl("_to_copy", TORCH_FN(to_copy_tpu));
+  m.impl("clone", TORCH_FN(clone_tpu));
+}
+
+}  // namespace torch_tpu

@@ -1,0 +1,1178 @@
+// defer_and_fuse: the per-chip pending region, its flush, the flush hooks and
+// the counters (see defer.h).
+//
+// A region is an ir::Graph being built plus what ties its values to tensors:
+// per storage it touches, whether the region only reads it (a parameter per
+// distinct layout), produces it (a lazily allocated result: a StorageImpl
+// with a null DataPtr that the flush fills in) or writes it in place (the
+// value is computed into a temporary and copied back after the kernels ran,
+// since the executor's outputs must not overlap its inputs). At the flush,
+// results whose storage only the region still holds are dead: they are
+// dropped from the outputs and never get HBM.
+#include <ATen/Parallel.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sys/mman.h>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "aten/allocator.h"
+#include "aten/defer.h"
+#include "aten/defer_internal.h"
+#include "aten/device.h"
+#include "aten/eager_mode.h"
+#include "aten/host_alias.h"
+#include "aten/meta_cache.h"
+#include "aten/op_info.h"
+#include "aten/portability.h"
+#include "exec/compile_cache.h"
+#include "exec/executor.h"
+#include "ir/hash.h"
+#include "ir/passes.h"
+#include "ir/printer.h"
+#include "vtpu/cost_model.h"
+#include "vtpu/layout.h"
+
+namespace torch_tpu {
+namespace defer {
+namespace {
+
+// ------------------------------------------------------------------ state
+
+std::atomic<int> g_open_regions{0};    // chips with a pending region
+std::atomic<int64_t> g_pending_ops{0};
+thread_local int tls_checked = 0;      // DeferChecked scopes alive on this thread
+thread_local int tls_in_flush = 0;
+
+std::mutex g_stats_mu;
+DeferStats g_stats;
+
+template <typename F>
+void update_stats(F&& f) {
+  std::lock_guard<std::mutex> lock(g_stats_mu);
+  f(g_stats);
+}
+
+enum class Reason { kConflict, kSync, kStream, kSizeCap, kView, kOther };
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long long x = std::strtoll(v, &end, 10);
+  return (end && *end == '\0' && x > 0) ? x : fallback;
+}
+
+// TORCH_TPU_DEFER_MAX_OPS: ATen ops per region before it is flushed (256).
+int64_t max_ops() {
+  static const int64_t n = env_int("TORCH_TPU_DEFER_MAX_OPS", 256);
+  return n;
+}
+
+const std::string& dump_dir() {
+  static const std::string dir = [] {
+    const char* v = std::getenv("TORCH_TPU_DUMP_IR");
+    return std::string(v ? v : "");
+  }();
+  return dir;
+}
+
+struct Layout {
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  static Layout of(const at::Tensor& t) {
+    return Layout{t.sizes().vec(), t.strides().vec(), t.storage_offset(), t.scalar_type()};
+  }
+  bool operator==(const Layout& o) const {
+    return dtype == o.dtype && offset == o.offset && sizes == o.sizes && strides == o.strides;
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t s : sizes) n *= s;
+    return n;
+  }
+  uint64_t physical() const { return vtpu::physical_bytes(sizes, c10::elementSize(dtype)); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * c10::elementSize(dtype); }
+};
+
+struct OpRecord {
+  const std::string* label;  // OpInfo's, alive for the process
+  std::string source;        // "file.py:12" or ""
+};
+
+struct Entry {
+  enum class Kind { kRead, kPending, kWritten } kind = Kind::kRead;
+  c10::Storage storage;
+  Layout layout;          // kPending: the result's; kWritten: the written tensor's
+  ValueId value = -1;     // kPending / kWritten: the current value
+  int32_t op = -1;        // the recorded op that produced `value`
+  std::vector<std::pair<Layout, ValueId>> reads;  // parameters over this storage
+};
+
+// Parameter k of a region: a tensor it reads, or a user scalar that changes
+// between steps (see ScalarSink).
+struct Param {
+  TensorRecipe recipe;
+  bool scalar = false;
+  ir::Scalar value;
+};
+
+// A region of one recorded op runs ATen's kernel for it: fusion gains
+// nothing there, and ATen's kernel for a lone softmax or gelu is faster than
+// the executor's. `op` is the op's out= overload, called with the result.
+struct Replay {
+  c10::OperatorHandle op;
+  std::vector<c10::IValue> args;
+};
+
+std::atomic<bool> g_single_op_aten{[] {
+  const char* v = std::getenv("TORCH_TPU_DEFER_SINGLE_OP_ATEN");
+  return !(v && std::string(v) == "0");
+}()};
+
+struct Region {
+  explicit Region(c10::Stream s) : stream(s), device(s.device_index()) {}
+  c10::Stream stream;
+  c10::DeviceIndex device;
+  ir::Builder builder;
+  std::unordered_map<const c10::StorageImpl*, Entry> storages;
+  std::vector<const c10::StorageImpl*> outputs;  // produced or written storages, in order
+  std::vector<Param> params;                     // parameter k is params[k]
+  std::vector<int32_t> value_op;                 // per value: index in ops, or -1
+  std::vector<OpRecord> ops;
+  std::optional<Replay> replay;                  // while ops holds one op
+};
+
+struct ChipState {
+  std::recursive_mutex mu;
+  std::unique_ptr<Region> region;
+};
+
+// One per chip, created on first use and never destroyed (pending regions
+// hold storages whose deleters need the chip at exit).
+ChipState* find_state(c10::DeviceIndex d) {
+  static std::vector<ChipState*>* states = [] {
+    auto* v = new std::vector<ChipState*>();
+    for (c10::DeviceIndex i = 0; i < device_count(); ++i) v->push_back(new ChipState);
+    return v;
+  }();
+  if (d < 0 || static_cast<size_t>(d) >= states->size()) return nullptr;
+  return (*states)[d];
+}
+
+// ------------------------------------------------------------------ errors
+
+// What a failing region says: the recorded op (and its source line) that an
+// IR error points at.
+struct ErrorContext {
+  ir::Graph graph;               // as recorded
+  std::vector<int32_t> value_op;
+  std::vector<OpRecord> ops;
+
+  static std::string op_text(const OpRecord& r) {
+    return *r.label + (r.source.empty() ? std::string() : " at " + r.source);
+  }
+
+  // The recorded op an IR message ("[tanh] ...", "... (at %12)") points at.
+  int32_t blame(const std::string& what) const {
+    size_t pct = what.find('%');
+    if (pct != std::string::npos) {
+      long v = std::strtol(what.c_str() + pct + 1, nullptr, 10);
+      if (v >= 0 && static_cast<size_t>(v) < value_op.size() && value_op[v] >= 0) return value_op[v];
+    }
+    if (!what.empty() && what[0] == '[') {
+      std::string name = what.substr(1, what.find(']') - 1);
+      for (int64_t v = 0; v < graph.num_ops(); ++v) {
+        if (name == ir::op_name(graph.op(static_cast<ValueId>(v)).kind) &&
+            static_cast<size_t>(v) < value_op.size() && value_op[v] >= 0) {
+          return value_op[v];
+        }
+      }
+    }
+    return -1;
+  }
+
+  std::string describe(const std::string& what) const {
+    std::ostringstream s;
+    int32_t k = blame(what);
+    if (k >= 0) {
+      s << op_text(ops[k]) << " (defer_and_fuse, fused region of " << ops.size() << " ops): " << what;
+    } else {
+      s << "defer_and_fuse region of " << ops.size() << " ops (";
+      for (size_t i = 0; i < ops.size() && i < 8; ++i) s << (i ? ", " : "") << op_text(ops[i]);
+      if (ops.size() > 8) s << ", ...";
+      s << "): " << what;
+    }
+    return s.str();
+  }
+};
+
+// ------------------------------------------------------------------ flush
+
+// How a region runs: as one call of the executor, or split along the
+// leading dimension of its results into chunks that run on the intra-op
+// threads (the executor runs a region on the calling thread; a TPU's
+// TensorCores work on the whole array at once).
+struct Launch {
+  std::shared_ptr<const exec::CompiledRegion> region;  // whole, or a chunk of `rows` rows
+  std::shared_ptr<const exec::CompiledRegion> last;    // the last chunk, when shorter
+  int64_t n = 0, rows = 0, chunks = 1;
+  std::vector<int> param_dim;  // per parameter: the dimension chunked, or -1 (read whole)
+  bool split() const { return chunks > 1; }
+};
+
+struct RunState {
+  Launch launch;
+  std::vector<Param> params;
+  std::vector<uint64_t> scalars;  // memory of scalar parameters, one slot each
+  std::vector<ir::TensorType> param_types;
+  struct Out {
+    c10::Storage storage;      // a produced result (written in place by the kernels)
+    c10::DataPtr temp;         // or: a temporary copied into `target` afterwards
+    TensorRecipe target;
+    std::unique_ptr<char[]> scratch;  // or: a per-row statistic realized once (see row_statistics)
+    ir::TensorType type;
+  };
+  std::vector<Out> outs;
+  std::shared_ptr<const ErrorContext> ctx;
+};
+
+void run_region(RunState& s) {
+  std::vector<exec::Buffer> in, out;
+  in.reserve(s.params.size());
+  for (size_t k = 0; k < s.params.size(); ++k) {
+    if (s.params[k].scalar) {
+      in.push_back(exec::Buffer::contiguous(&s.scalars[k], s.param_types[k].dtype, {}));
+      continue;
+    }
+    const TensorRecipe& p = s.params[k].recipe;
+    char* base = static_cast<char*>(const_cast<void*>(p.storage.data()));
+    void* ptr = base + p.storage_offset * static_cast<int64_t>(p.dtype.itemsize());
+    in.push_back(exec::Buffer::strided(ptr, s.param_types[k].dtype, s.param_types[k].shape, p.strides));
+  }
+  for (auto& o : s.outs) {
+    void* ptr = o.temp ? o.temp.get() : o.scratch ? o.scratch.get() : o.storage.mutable_data();
+    out.push_back(exec::Buffer::contiguous(ptr, o.type.dtype, o.type.shape));
+  }
+  try {
+    const Launch& l = s.launch;
+    if (!l.split()) {
+      exec::run(*l.region, in, out);
+    } else {
+      at::parallel_for(0, l.chunks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t k = begin; k < end; ++k) {
+          const int64_t start = k * l.rows;
+          const int64_t rows = std::min(l.rows, l.n - start);
+          auto slice = [&](const exec::Buffer& b, int d) {
+            exec::Buffer c = b;
+            c.strides = b.effective_strides();
+            c.data = static_cast<char*>(b.data) + start * c.strides[d] * ir::element_size(b.dtype);
+            c.shape[d] = rows;
+            return c;
+          };
+          std::vector<exec::Buffer> ci, co;
+          for (size_t i = 0; i < in.size(); ++i) ci.push_back(l.param_dim[i] < 0 ? in[i] : slice(in[i], l.param_dim[i]));
+          for (const auto& b : out) co.push_back(slice(b, 0));
+          exec::run(rows == l.rows ? *l.region : *l.last, ci, co);
+        }
+      });
+    }
+  } catch (const std::exception& e) {
+    throw std::runtime_error(s.ctx->describe(e.what()));
+  }
+  for (auto& o : s.outs) {
+    if (!o.temp) continue;
+    AliasBuilder host(c10::kCPU);
+    at::Tensor dst = host.alias(o.target);
+    at::Tensor src = at::from_blob(o.temp.get(), dst.sizes(), at::TensorOptions().dtype(o.target.dtype));
+    dst.copy_(src);
+  }
+}
+
+// Cost-model accounting of the region's kernels: the HBM bytes each reads
+// and writes (values kept in tiles cost nothing), one VPU op per element per
+// arithmetic IR op.
+// A split region is priced as the whole: chunk figures times the number of
+// rows over the chunk's, except parameters every chunk reads whole.
+void record_costs(c10::DeviceIndex device, const Launch& l) {
+  const exec::CompiledRegion& c = *l.region;
+  const ir::Graph& g = c.graph();
+  const double scale = l.split() ? static_cast<double>(l.n) / static_cast<double>(l.rows) : 1.0;
+  auto bytes = [&](ValueId v) {
+    const ir::TensorType& t = g.type(v);
+    double b = static_cast<double>(vtpu::physical_bytes(t.shape, ir::element_size(t.dtype)));
+    const ir::Op& op = g.op(v);
+    bool whole = op.kind == ir::OpKind::kParameter && l.split() && l.param_dim[op.attrs.parameter_index] < 0;
+    return whole ? b : b * scale;
+  };
+  for (const auto& k : c.plan().kernels) {
+    vtpu::OpCost cost;
+    for (ValueId v : k.reads) cost.bytes_read += bytes(v);
+    for (ValueId v : k.writes) cost.bytes_written += bytes(v);
+    for (ValueId v : k.ops) {
+      const ir::Op& op = g.op(v);
+      if (op.type.dtype == ir::ElementType::f64) cost.emulated = true;
+      if (op.kind == ir::OpKind::kReduce) {
+        cost.flops += static_cast<double>(g.type(op.operands[0]).numel()) * scale;
+      } else if (ir::is_elementwise(op.kind) && op.kind != ir::OpKind::kConvert) {
+        cost.flops += static_cast<double>(op.type.numel()) * scale;
+      }
+    }
+    chip(device).record_cost(cost);
+  }
+}
+
+// TORCH_TPU_DEFER_SPLIT_ELEMENTS: results of at least this many elements
+// are computed in chunks on the intra-op threads (262144; 0 turns it off).
+int64_t split_elements() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("TORCH_TPU_DEFER_SPLIT_ELEMENTS");
+    if (v && std::string(v) == "0") return int64_t{0};
+    return env_int("TORCH_TPU_DEFER_SPLIT_ELEMENTS", int64_t{1} << 18);
+  }();
+  return n;
+}
+
+// Per value of `g`, the dimension along which it can be computed in chunks
+// of its results' leading dimension (-1: needed whole), or an empty vector
+// when the region cannot be split (a reshape, results of other lengths, a
+// value needed both ways).
+std::vector<int> split_dims(const ir::Graph& g, int64_t n) {
+  const int kUnset = -2;
+  std::vector<int> dim(static_cast<size_t>(g.num_ops()), kUnset);
+  auto merge = [&](ValueId u, int d) {
+    if (dim[u] == kUnset) dim[u] = d;
+    return dim[u] == d;
+  };
+  for (ValueId o : g.outputs()) {
+    const ir::TensorType& t = g.type(o);
+    if (t.rank() == 0 || t.shape[0] != n || !merge(o, 0)) return {};
+  }
+  for (ValueId v = static_cast<ValueId>(g.num_ops()) - 1; v >= 0; --v) {
+    const int d = dim[v];
+    if (d == kUnset) continue;
+    const ir::Op& op = g.op(v);
+    if (op.kind == ir::OpKind::kParameter || op.kind == ir::OpKind::kConstant) continue;
+    if (op.kind == ir::OpKind::kReshape) {
+      if (d >= 0 || !merge(op.operands[0], -1)) return {};
+    } else if (op.kind == ir::OpKind::kBroadcastInDim) {
+      const ValueId u = op.operands[0];
+      int req = -1;
+      for (size_t i = 0; i < op.attrs.dimensions.size() && d >= 0; ++i) {
+        if (op.attrs.dimensions[i] == d && g.type(u).shape[i] == op.type.shape[d]) req = static_cast<int>(i);
+      }
+      if (!merge(u, req)) return {};
+    } else if (op.kind == ir::OpKind::kReduce) {
+      const ValueId u = op.operands[0];
+      int req = -1;
+      if (d >= 0) {
+        int kept = -1;
+        for (int64_t i = 0; i < g.type(u).rank(); ++i) {
+          if (std::binary_search(op.attrs.dimensions.begin(), op.attrs.dimensions.end(), i)) continue;
+          if (++kept == d) req = static_cast<int>(i);
+        }
+      }
+      if (!merge(u, req)) return {};
+    } else {
+      for (ValueId u : op.operands)
+        if (!merge(u, d)) return {};
+    }
+  }
+  for (int& d : dim)
+    if (d == kUnset) d = -1;
+  return dim;
+}
+
+ir::Graph with_rows(const ir::Graph& g, const std::vector<int>& dim, int64_t rows) {
+  ir::Graph out;
+  for (ValueId v = 0; v < g.num_ops(); ++v) {
+    const ir::Op& op = g.op(v);
+    ir::TensorType t = op.type;
+    if (dim[v] >= 0) t.shape[dim[v]] = rows;
+    out.add_op(op.kind, op.operands, std::move(t), op.attrs);
+  }
+  out.set_outputs(g.outputs());
+  return out;
+}
+
+std::shared_ptr<const exec::CompiledRegion> compile_cached(const ir::Graph& g, bool* miss) {
+  static std::mutex mu;  // so that the miss counter's delta is ours
+  std::lock_guard<std::mutex> lock(mu);
+  auto& cache = exec::CompileCache::global();
+  const uint64_t before = cache.stats().misses;
+  auto r = cache.get_or_compile(g);
+  *miss = cache.stats().misses != before;
+  return r;
+}
+
+void dump_region(const ir::Graph& recorded, const Launch& l, const ErrorContext& ctx) {
+  const exec::CompiledRegion& c = *l.region;
+  static std::mutex mu;
+  static std::unordered_set<uint64_t> seen;
+  static int counter = 0;
+  const uint64_t h = ir::structural_hash(recorded);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!seen.insert(h).second) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dump_dir(), ec);
+  char name[64];
+  std::snprintf(name, sizeof(name), "region_%04d_%016llx", counter++, static_cast<unsigned long long>(h));
+  std::ofstream f(std::filesystem::path(dump_dir()) / (std::string(name) + ".mlir"));
+  f << "// defer_and_fuse region " << name << ": " << ctx.ops.size() << " recorded ATen ops, "
+    << c.num_kernels() << " fused kernels";
+  if (l.split()) f << ", run in " << l.chunks << " chunks of " << l.rows << " of " << l.n << " rows";
+  f << "\n";
+  for (const auto& r : ctx.ops) f << "//   " << ErrorContext::op_text(r) << "\n";
+  std::istringstream plan(c.plan().to_string(c.graph()));
+  for (std::string line; std::getline(plan, line);) f << "// plan: " << line << "\n";
+  f << ir::to_stablehlo(l.split() ? ir::dead_code_elimination(recorded) : c.graph(), name);
+}
+
+void count_reason(DeferStats& s, Reason why) {
+  switch (why) {
+    case Reason::kConflict: ++s.flush_conflict; break;
+    case Reason::kSync: ++s.flush_sync; break;
+    case Reason::kStream: ++s.flush_stream; break;
+    case Reason::kSizeCap: ++s.flush_size_cap; break;
+    case Reason::kView: ++s.flush_view; break;
+    case Reason::kOther: ++s.flush_other; break;
+  }
+}
+
+// A scalar parameter's value in its element type's memory format.
+void store_scalar(const ir::Scalar& v, ir::ElementType t, uint64_t* slot) {
+  using ir::ElementType;
+  switch (t) {
+    case ElementType::f32: { float f = static_cast<float>(v.f); std::memcpy(slot, &f, 4); break; }
+    case ElementType::f64: std::memcpy(slot, &v.f, 8); break;
+    case ElementType::bf16: { uint16_t h = ir::f32_to_bf16(static_cast<float>(v.f)); std::memcpy(slot, &h, 2); break; }
+    case ElementType::f16: { uint16_t h = ir::f32_to_f16(static_cast<float>(v.f)); std::memcpy(slot, &h, 2); break; }
+    case ElementType::s64: std::memcpy(slot, &v.i, 8); break;
+    case ElementType::s32: { int32_t x = static_cast<int32_t>(v.i); std::memcpy(slot, &x, 4); break; }
+    case ElementType::s8: { int8_t x = static_cast<int8_t>(v.i); std::memcpy(slot, &x, 1); break; }
+    case ElementType::u8:
+    case ElementType::pred: { uint8_t x = static_cast<uint8_t>(v.i); std::memcpy(slot, &x, 1); break; }
+  }
+}
+
+// Values computed on a reduced shape (mean = sum / n, rsqrt(var + eps), ...)
+// that reach a much larger kernel through broadcast_in_dim. The fusion
+// planner recomputes such values at every element of the consumer; made
+// outputs, they are computed once per row instead. Only per-row values
+// (leading dimension that of the results) qualify, so a split still works.
+std::vector<ValueId> row_statistics(const ir::Graph& g) {
+  std::vector<ValueId> extra;
+  if (g.outputs().empty() || g.type(g.outputs()[0]).rank() == 0) return extra;
+  const int64_t n = g.type(g.outputs()[0]).shape[0];
+  std::vector<char> live(static_cast<size_t>(g.num_ops()), 0), is_out(live.size(), 0);
+  for (ValueId o : g.outputs()) live[o] = is_out[o] = 1;
+  for (ValueId v = static_cast<ValueId>(g.num_ops()) - 1; v >= 0; --v) {
+    if (!live[v]) continue;
+    for (ValueId u : g.op(v).operands) live[u] = 1;
+  }
+  for (ValueId v = 0; v < g.num_ops(); ++v) {
+    const ir::Op& op = g.op(v);
+    if (!live[v] || op.kind != ir::OpKind::kBroadcastInDim) continue;
+    ValueId u = op.operands[0];
+    while (g.op(u).kind == ir::OpKind::kBroadcastInDim &&  // keepdim's size-1 dimensions
+           g.type(g.op(u).operands[0]).numel() == g.type(u).numel()) {
+      u = g.op(u).operands[0];
+    }
+    const ir::Op& uo = g.op(u);
+    const ir::TensorType& ut = uo.type;
+    if (is_out[u] || !ir::is_elementwise(uo.kind) || ut.rank() == 0 || ut.shape[0] != n ||
+        op.type.numel() < 8 * ut.numel()) {
+      continue;
+    }
+    is_out[u] = 1;
+    extra.push_back(u);
+  }
+  return extra;
+}
+
+// The compiled form of a region: whole, or in chunks when its results are
+// large and the host has threads to spare.
+Launch plan_launch(const ir::Graph& g, bool* miss) {
+  Launch l;
+  const int threads = at::get_num_threads();
+  const ir::TensorType& first = g.type(g.outputs().at(0));
+  if (threads > 1 && split_elements() > 0 && first.rank() > 0 && first.numel() >= split_elements() &&
+      first.shape[0] > 1) {
+    const int64_t n = first.shape[0];
+    ir::Graph live = ir::dead_code_elimination(g);
+    std::vector<int> dim = split_dims(live, n);
+    if (!dim.empty()) {
+      const int64_t per_row = first.numel() / n;
+      const int64_t min_rows = std::max<int64_t>(1, (split_elements() / 4 + per_row - 1) / per_row);
+      const int64_t chunks = std::min<int64_t>(threads, n / min_rows);
+      if (chunks > 1) {
+        l.n = n;
+        l.rows = (n + chunks - 1) / chunks;
+        l.chunks = (n + l.rows - 1) / l.rows;
+        for (ValueId p : live.parameters()) l.param_dim.push_back(dim[p]);
+        bool miss_last = false;
+        l.region = compile_cached(with_rows(live, dim, l.rows), miss);
+        const int64_t last_rows = n - l.rows * (l.chunks - 1);
+        l.last = last_rows == l.rows ? l.region : compile_cached(with_rows(live, dim, last_rows), &miss_last);
+        *miss = *miss || miss_last;
+        return l;
+      }
+    }
+  }
+  l.region = compile_cached(g, miss);
+  return l;
+}
+
+struct InFlush {
+  InFlush() { ++tls_in_flush; }
+  ~InFlush() { --tls_in_flush; }
+};
+
+// Compiles and queues the chip's region; results nobody holds are dropped.
+// Caller holds cs.mu. On an allocation failure the region stays pending (the
+// caller may free memory and retry) and torch.OutOfMemoryError names the op.
+void flush_locked(ChipState& cs, Reason why) {
+  if (!cs.region) return;
+  InFlush in_flush;
+  std::unique_ptr<Region> r = std::move(cs.region);
+  const int64_t num_ops = static_cast<int64_t>(r->ops.size());
+  g_open_regions.fetch_sub(1);
+  g_pending_ops.fetch_sub(num_ops);
+
+  std::vector<Entry*> outs;
+  uint64_t avoided = 0, dead = 0, allocated = 0;
+  for (const c10::StorageImpl* key : r->outputs) {
+    Entry& e = r->storages.at(key);
+    if (e.kind == Entry::Kind::kPending && e.storage.use_count() == 1) {
+      avoided += e.layout.physical();
+      ++dead;
+      continue;
+    }
+    outs.push_back(&e);
+  }
+  auto ctx = std::make_shared<ErrorContext>();
+  ctx->ops = r->ops;
+  ctx->value_op = r->value_op;
+  Launch launch;
+  std::string compile_error;
+  bool miss = false;
+  const bool replay = r->replay && num_ops == 1 && outs.size() == 1 && outs[0]->kind == Entry::Kind::kPending;
+  if (!outs.empty()) {
+    std::vector<ValueId> extra;
+    if (!replay) {
+      ctx->graph = r->builder.graph();
+      std::vector<ValueId> values;
+      for (Entry* e : outs) values.push_back(e->value);
+      ctx->graph.set_outputs(values);
+      extra = row_statistics(ctx->graph);
+      if (!extra.empty()) {
+        values.insert(values.end(), extra.begin(), extra.end());
+        ctx->graph.set_outputs(values);
+      }
+      try {
+        launch = plan_launch(ctx->graph, &miss);
+      } catch (const std::exception& e) {
+        compile_error = ctx->describe(e.what());
+      }
+    }
+    // Memory for the live results (and temporaries for in-place writes).
+    std::vector<c10::DataPtr> data;
+    size_t allocating = 0;
+    try {
+      for (; allocating < outs.size(); ++allocating) {
+        Entry* e = outs[allocating];
+        data.push_back(tpu_allocator().allocate_on(r->device, e->layout.nbytes(), e->layout.physical()));
+        allocated += e->layout.physical();
+      }
+    } catch (const c10::Error& err) {
+      Entry* failed = outs[allocating];
+      data.clear();
+      g_open_regions.fetch_add(1);
+      g_pending_ops.fetch_add(num_ops);
+      cs.region = std::move(r);
+      const std::string what = err.what_without_backtrace();
+      const std::string op = failed->op >= 0 ? ErrorContext::op_text(ctx->ops[failed->op]) : "a fused region";
+      if (dynamic_cast<const c10::OutOfMemoryError*>(&err)) {
+        TORCH_CHECK_WITH(OutOfMemoryError, false, what, " (allocating the result of ", op,
+                         ", deferred by defer_and_fuse)");
+      }
+      TORCH_CHECK(false, what, " (allocating the result of ", op, ", deferred by defer_and_fuse)");
+    }
+    if (replay) {
+      Entry& e = *outs[0];
+      e.storage.set_data_ptr_noswap(std::move(data[0]));
+      torch::jit::Stack stack(r->replay->args.begin(), r->replay->args.end());
+      at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+          c10::Storage(e.storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+          c10::scalarTypeToTypeMeta(e.layout.dtype));
+      out.unsafeGetTensorImpl()->set_sizes_and_strides(e.layout.sizes, e.layout.strides, e.layout.offset);
+      stack.push_back(std::move(out));
+      {
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        r->replay->op.callBoxed(&stack);  // the tpu fallback queues ATen's kernel (tls_in_flush: not recorded)
+      }
+      update_stats([&](DeferStats& s) {
+        ++s.regions_flushed;
+        ++s.regions_run;
+        ++s.single_op_regions;
+        s.ops_fused += 1;
+        s.outputs_materialized += 1;
+        s.hbm_bytes_allocated += allocated;
+        count_reason(s, why);
+      });
+      return;
+    }
+    auto run = std::make_shared<RunState>();
+    run->launch = launch;
+    run->ctx = ctx;
+    run->params = r->params;
+    for (ValueId p : ctx->graph.parameters()) run->param_types.push_back(ctx->graph.type(p));
+    run->scalars.assign(run->params.size(), 0);
+    for (size_t k = 0; k < run->params.size(); ++k) {
+      if (run->params[k].scalar) store_scalar(run->params[k].value, run->param_types[k].dtype, &run->scalars[k]);
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      Entry& e = *outs[i];
+      RunState::Out o;
+      o.type = ctx->graph.type(e.value);
+      if (e.kind == Entry::Kind::kPending) {
+        e.storage.set_data_ptr_noswap(std::move(data[i]));
+        o.storage = e.storage;
+      } else {
+        o.temp = std::move(data[i]);
+        o.target.storage = e.storage;
+        o.target.sizes = e.layout.sizes;
+        o.target.strides = e.layout.strides;
+        o.target.storage_offset = e.layout.offset;
+        o.target.dtype = c10::scalarTypeToTypeMeta(e.layout.dtype);
+      }
+      run->outs.push_back(std::move(o));
+    }
+    for (ValueId v : extra) {
+      RunState::Out o;
+      o.type = ctx->graph.type(v);
+      o.scratch.reset(new char[static_cast<size_t>(o.type.numel() * ir::element_size(o.type.dtype))]);
+      run->outs.push_back(std::move(o));
+    }
+    vtpu::Stream& stream = vtpu_stream(r->stream);
+    if (!compile_error.empty()) {
+      // Sticky, like any failed queued op: raised at the next synchronization.
+      int32_t k = ctx->blame(compile_error);
+      stream.enqueue(k >= 0 ? *ctx->ops[k].label : std::string("defer_and_fuse region"),
+                     [msg = compile_error] { throw std::runtime_error(msg); });
+    } else {
+      record_costs(r->device, launch);
+      if (!dump_dir().empty()) dump_region(ctx->graph, launch, *ctx);
+      stream.enqueue_named("defer_and_fuse region", [run] { run_region(*run); });
+    }
+  }
+  update_stats([&](DeferStats& s) {
+    ++s.regions_flushed;
+    s.ops_fused += static_cast<uint64_t>(num_ops);
+    s.outputs_dead += dead;
+    s.hbm_bytes_avoided += avoided;
+    s.hbm_bytes_allocated += allocated;
+    count_reason(s, why);
+    if (!outs.empty()) {
+      ++s.regions_run;
+      s.outputs_materialized += outs.size();
+      if (launch.region) {
+        (miss ? s.regions_compiled : s.cache_hits) += 1;
+        s.kernels_launched += static_cast<uint64_t>(launch.region->num_kernels());
+        if (launch.split()) ++s.regions_split;
+      }
+    }
+  });
+}
+
+void flush_chip(c10::DeviceIndex d, Reason why) {
+  ChipState* cs = find_state(d);
+  if (!cs) return;
+  std::lock_guard<std::recursive_mutex> lock(cs->mu);
+  flush_locked(*cs, why);
+}
+
+// Flushes t's chip when the region produces or writes t's memory (a read),
+// or touches it at all (a write).
+void flush_if_conflict(const at::Tensor& t, bool write) {
+  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1 || !t.has_storage()) return;
+  ChipState* cs = find_state(t.device().index());
+  if (!cs) return;
+  std::lock_guard<std::recursive_mutex> lock(cs->mu);
+  if (!cs->region) return;
+  auto it = cs->region->storages.find(t.storage().unsafeGetStorageImpl());
+  if (it == cs->region->storages.end()) return;
+  if (write || it->second.kind != Entry::Kind::kRead) flush_locked(*cs, Reason::kConflict);
+}
+
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) f(t);
+  } else if (v.isOptionalTensorList()) {
+    for (const auto& e : v.toOptionalTensorList()) {
+      std::optional<at::Tensor> t = e;
+      if (t.has_value()) f(*t);
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) f(e.toTensor());
+    }
+  }
+}
+
+// ------------------------------------------------------------------ recording
+
+// The address a pending result's storage shows until the flush gives it
+// HBM: unique per storage (data_ptr() tells storages apart, torch.save and
+// Python's storage objects reject null) and inaccessible (PROT_NONE), so a
+// read that skipped the flush faults instead of returning garbage.
+void* pending_address() {
+  constexpr size_t kSpan = size_t{1} << 36, kStep = 4096;
+  static char* base = [] {
+    void* p = mmap(nullptr, kSpan, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? static_cast<char*>(nullptr) : static_cast<char*>(p);
+  }();
+  static std::atomic<uint64_t> next{0};
+  if (!base) return nullptr;
+  return base + (next.fetch_add(1, std::memory_order_relaxed) % (kSpan / kStep)) * kStep;
+}
+
+at::Tensor pending_tensor(const ir::Shape& sizes, c10::ScalarType dtype, c10::DeviceIndex device) {
+  auto meta = c10::scalarTypeToTypeMeta(dtype);
+  size_t nbytes = static_cast<size_t>(ir::numel(sizes)) * meta.itemsize();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
+                       c10::DataPtr(pending_address(), c10::Device(c10::DeviceType::PrivateUse1, device)),
+                       &tpu_allocator(), /*resizable=*/true);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(c10::IntArrayRef(sizes));
+  return t;
+}
+
+bool is_contiguous(const c10::DimVector& sizes, const c10::DimVector& strides) {
+  int64_t expect = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    if (sizes[i] == 1) continue;
+    if (strides[i] != expect) return false;
+    expect *= sizes[i];
+  }
+  return true;
+}
+
+// A view `lay` of a produced value, expressed in the IR when it is the same
+// memory read through broadcast (stride 0 or size 1) dimensions and a
+// row-major reshape; nullopt otherwise (slices, transposes). With emit false
+// only checks.
+std::optional<ValueId> view_value(Region& r, const Entry& e, const Layout& lay, bool emit) {
+  if (lay.dtype != e.layout.dtype || lay.offset != 0) return std::nullopt;
+  std::vector<int64_t> kept_sizes, kept_dims;
+  for (size_t d = 0; d < lay.sizes.size(); ++d) {
+    if (lay.sizes[d] == 1 || lay.strides[d] == 0) continue;
+    kept_sizes.push_back(lay.sizes[d]);
+    kept_dims.push_back(static_cast<int64_t>(d));
+  }
+  int64_t expect = 1;
+  for (size_t i = kept_dims.size(); i-- > 0;) {
+    if (lay.strides[kept_dims[i]] != expect) return std::nullopt;
+    expect *= kept_sizes[i];
+  }
+  if (expect != e.layout.numel()) return std::nullopt;
+  if (!emit) return ValueId{-1};
+  ValueId v = e.value;
+  if (kept_sizes != e.layout.sizes) v = r.builder.reshape(v, kept_sizes);
+  if (kept_sizes == lay.sizes) return v;
+  return r.builder.broadcast_in_dim(v, lay.sizes, kept_dims);
+}
+
+// Whether reading (or writing) t needs the region flushed first: a view of a
+// produced value the IR cannot express, or memory written in place read
+// through another layout.
+bool needs_flush(Region& r, const at::Tensor& t, bool written) {
+  auto it = r.storages.find(t.storage().unsafeGetStorageImpl());
+  if (it == r.storages.end()) return false;
+  const Entry& e = it->second;
+  const Layout lay = Layout::of(t);
+  switch (e.kind) {
+    case Entry::Kind::kRead: return false;
+    case Entry::Kind::kPending:
+      if (lay == e.layout) return false;
+      return written || !view_value(r, e, lay, false).has_value();
+    case Entry::Kind::kWritten: return !(lay == e.layout);
+  }
+  return true;
+}
+
+ValueId read(Region& r, const at::Tensor& t) {
+  const c10::StorageImpl* key = t.storage().unsafeGetStorageImpl();
+  const Layout lay = Layout::of(t);
+  auto it = r.storages.find(key);
+  if (it == r.storages.end()) {
+    it = r.storages.emplace(key, Entry{}).first;
+    it->second.storage = t.storage();
+  }
+  Entry& e = it->second;
+  if (e.kind != Entry::Kind::kRead) {
+    if (lay == e.layout) return e.value;
+    auto v = e.kind == Entry::Kind::kPending ? view_value(r, e, lay, true) : std::nullopt;
+    TORCH_INTERNAL_ASSERT(v.has_value(), "defer_and_fuse: unexpected layout of a region tensor");
+    return *v;
+  }
+  for (const auto& [l, v] : e.reads)
+    if (l == lay) return v;
+  ValueId p = r.builder.parameter(*ir_type(lay.dtype), ir::Shape(lay.sizes.begin(), lay.sizes.end()));
+  r.params.push_back(Param{TensorRecipe::of(t)});
+  e.reads.emplace_back(lay, p);
+  return p;
+}
+
+void write(Region& r, const at::Tensor& self, ValueId v, int32_t op) {
+  const c10::StorageImpl* key = self.storage().unsafeGetStorageImpl();
+  Entry& e = r.storages.at(key);  // self was read first
+  if (e.kind == Entry::Kind::kRead) {
+    e.kind = Entry::Kind::kWritten;
+    e.layout = Layout::of(self);
+    r.outputs.push_back(key);
+  }
+  e.value = v;
+  e.op = op;
+}
+
+// Whether the user scalar at `site` has taken another value before: then it
+// is recorded as a parameter from now on. Sites are "file:line|op|arg|type".
+bool site_varies(const std::string& site, const ir::Scalar& v) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::pair<ir::Scalar, bool>> sites;
+  std::lock_guard<std::mutex> lock(mu);
+  if (sites.size() > 65536) sites.clear();
+  auto [it, inserted] = sites.try_emplace(site, v, false);
+  if (inserted) return false;
+  if (!it->second.second && !(it->second.first == v)) it->second.second = true;
+  return it->second.second;
+}
+
+class SiteSink final : public ScalarSink {
+ public:
+  SiteSink(Region& r, const std::string& source, const std::string& label) : r_(r), source_(source), label_(label) {}
+  ValueId scalar(ir::Builder& b, size_t arg, const ir::Scalar& v, ir::ElementType t) override {
+    // Without a Python source line (autograd's worker thread) a site cannot
+    // be told apart from others: constants.
+    if (!source_.empty() &&
+        site_varies(source_ + "|" + label_ + "|" + std::to_string(arg) + "|" + ir::element_type_name(t), v)) {
+      ValueId p = b.parameter(t, {});
+      Param param;
+      param.scalar = true;
+      param.value = v;
+      r_.params.push_back(std::move(param));
+      return p;
+    }
+    return ir::is_float(t) ? b.constant(v.f, t) : b.constant_int(v.i, t);
+  }
+
+ private:
+  Region& r_;
+  const std::string& source_;
+  const std::string& label_;
+};
+
+// The out= overload of a functional op: OpInfo's ("add.out"), or one named
+// "grad_input" (gelu_backward, threshold_backward, ...): same arguments plus
+// one kwarg-only Tensor(a!).
+std::optional<c10::OperatorHandle> out_overload(const c10::OperatorHandle& op, const OpInfo& info) {
+  if (info.out_variant) return info.out_variant;
+  static std::mutex mu;
+  static std::unordered_map<const OpInfo*, std::optional<c10::OperatorHandle>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(&info);
+  if (it != cache.end()) return it->second;
+  std::optional<c10::OperatorHandle> found;
+  const auto& schema = op.schema();
+  auto h = c10::Dispatcher::singleton().findOp({schema.name(), "grad_input"});
+  if (h && schema.returns().size() == 1) {
+    const auto& o = h->schema();
+    const size_t na = schema.arguments().size();
+    bool same = o.arguments().size() == na + 1 && o.returns().size() == 1;
+    for (size_t i = 0; i < na && same; ++i) {
+      same = o.arguments()[i].name() == schema.arguments()[i].name() &&
+             *o.arguments()[i].type() == *schema.arguments()[i].type();
+    }
+    const c10::AliasInfo* a = same ? o.arguments()[na].alias_info() : nullptr;
+    if (same && a && a->isWrite() && o.arguments()[na].kwarg_only()) found = h;
+  }
+  cache.emplace(&info, found);
+  return found;
+}
+
+LowerFn lowering_for(const OpInfo& info) {
+  thread_local std::unordered_map<const OpInfo*, LowerFn> cache;
+  auto it = cache.find(&info);
+  if (it != cache.end()) return it->second;
+  LowerFn fn = find_lowering(info.label);
+  cache.emplace(&info, fn);
+  return fn;
+}
+
+void count_fallback() {
+  update_stats([](DeferStats& s) { ++s.fallbacks; });
+}
+
+}  // namespace
+}  // namespace defer
+
+using namespace defer;
+
+bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpInfo& info) {
+  if (tls_in_flush > 0) return false;  // a flush running an op with ATen's kernel
+  LowerFn fn = lowering_for(info);
+  if (!fn) return false;
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  if (schema.returns().size() != 1) return false;
+  c10::ArrayRef<c10::IValue> args(&*(stack->end() - n), n);
+
+  // Functional ops, or in-place ops on `self` (returned). No out=, no views.
+  bool inplace = false;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::AliasInfo* a = alias_of(schema.arguments()[i]);
+    if (a && a->isWrite()) {
+      if (i != 0) return false;
+      inplace = true;
+    }
+  }
+  if (inplace ? info.returns[0].arg != 0 : info.returns[0].arg >= 0) return false;
+
+  std::vector<Operand> operands(n);
+  c10::DeviceIndex device = -1;
+  for (size_t i = 0; i < n; ++i) {
+    const c10::IValue& v = args[i];
+    Operand& o = operands[i];
+    o.ivalue = &v;
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) continue;
+      if (!ir_type(t.scalar_type()) || t.is_conj() || t.is_neg()) return false;
+      if (t.device().type() == c10::DeviceType::PrivateUse1) {
+        if (device >= 0 && t.device().index() != device) return false;
+        if (t.numel() == 0) return false;
+        device = t.device().index();
+        o.kind = Operand::Kind::kTensor;
+        o.tensor = t;
+      } else if (t.device().is_cpu() && t.dim() == 0) {
+        o.kind = Operand::Kind::kScalar;
+        o.tensor = t;
+        o.scalar = t.item();
+      } else {
+        return false;
+      }
+    } else if (v.isDouble() || v.isInt() || v.isBool()) {
+      o.kind = Operand::Kind::kScalar;
+      o.scalar = v.toScalar();
+    } else if (v.isTensorList() || v.isOptionalTensorList() || v.isComplexDouble()) {
+      return false;
+    }
+  }
+  if (device < 0 || (inplace && operands[0].kind != Operand::Kind::kTensor)) return false;
+
+  // Result shape and dtype from the meta kernel, which also raises argument
+  // errors (then the strict path raises them again, as strict mode would).
+  std::vector<ir::TensorType> outs;
+  std::vector<c10::ScalarType> out_dtypes;
+  try {
+    const MetaResult& meta = meta_result(op, args);
+    for (const auto& rm : meta) {
+      if (rm.is_list || rm.tensors.size() != 1 || !rm.tensors[0].defined) return false;
+      const TensorMeta& m = rm.tensors[0];
+      auto et = ir_type(m.dtype);
+      if (!et) return false;
+      if (!inplace && (m.offset != 0 || !is_contiguous(m.sizes, m.strides))) return false;
+      ir::Shape shape(m.sizes.begin(), m.sizes.end());
+      if (ir::numel(shape) == 0) return false;
+      outs.push_back(ir::TensorType{*et, shape});
+      out_dtypes.push_back(m.dtype);
+    }
+  } catch (...) {
+    return false;
+  }
+  if (outs.size() != 1) return false;
+
+  std::string source = source_line();  // before taking the chip's lock: it may take the GIL
+  const c10::Stream stream = current_stream(device);
+  ChipState* cs = find_state(device);
+  if (!cs) return false;
+  std::lock_guard<std::recursive_mutex> lock(cs->mu);
+  if (cs->region && cs->region->stream != stream) flush_locked(*cs, Reason::kOther);
+  if (cs->region) {
+    bool flush = false;
+    for (size_t i = 0; i < n && !flush; ++i) {
+      if (operands[i].kind == Operand::Kind::kTensor)
+        flush = needs_flush(*cs->region, operands[i].tensor, inplace && i == 0);
+    }
+    if (flush) flush_locked(*cs, Reason::kView);
+  }
+  // An in-place op on memory the region does not produce or write is
+  // computed into a temporary and copied back: worth it only when it
+  // consumes a sizable result of the region (which then need not reach HBM),
+  // not for x.mul_(2) or x.mul_(pending_scalar): ATen's in-place kernel runs.
+  if (inplace) {
+    bool record = false;
+    for (size_t i = 0; i < n && cs->region && !record; ++i) {
+      if (operands[i].kind != Operand::Kind::kTensor) continue;
+      auto it = cs->region->storages.find(operands[i].tensor.storage().unsafeGetStorageImpl());
+      if (it == cs->region->storages.end() || it->second.kind == Entry::Kind::kRead) continue;
+      record = i == 0 || operands[i].tensor.numel() * 8 >= operands[0].tensor.numel();
+    }
+    if (!record) return false;
+  }
+  if (!cs->region) {
+    cs->region = std::make_unique<Region>(stream);
+    g_open_regions.fetch_add(1);
+  }
+  Region& r = *cs->region;
+  for (auto& o : operands)
+    if (o.kind == Operand::Kind::kTensor) o.value = read(r, o.tensor);
+
+  SiteSink sink(r, source, info.label);
+  Lowering L(r.builder, operands, outs, out_dtypes, &sink);
+  bool lowered = false;
+  try {
+    fn(L);
+    lowered = L.results.size() == outs.size();
+  } catch (const NotFusible&) {
+  } catch (const std::exception& e) {
+    TORCH_WARN_ONCE("defer_and_fuse: could not record ", info.label, " (it runs strictly): ", e.what());
+  }
+  if (!lowered) {
+    r.value_op.resize(static_cast<size_t>(r.builder.graph().num_ops()), -1);
+    count_fallback();
+    return false;
+  }
+  const int32_t op_index = static_cast<int32_t>(r.ops.size());
+  r.ops.push_back(OpRecord{&info.label, std::move(source)});
+  std::optional<c10::OperatorHandle> out_op;
+  if (op_index == 0 && !inplace && g_single_op_aten.load(std::memory_order_relaxed)) out_op = out_overload(op, info);
+  if (out_op) {
+    // tpu tensors as they are now: their metadata may change in place before the flush.
+    std::vector<c10::IValue> snapshot(args.begin(), args.end());
+    for (auto& v : snapshot) {
+      if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().device().type() != c10::DeviceType::PrivateUse1)
+        continue;
+      const at::Tensor& t = v.toTensor();
+      at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
+          c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), t.dtype());
+      alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+      v = std::move(alias);
+    }
+    r.replay = Replay{*out_op, std::move(snapshot)};
+  } else {
+    r.replay.reset();
+  }
+  r.value_op.resize(static_cast<size_t>(r.builder.graph().num_ops()), op_index);
+
+  at::Tensor result;
+  if (inplace) {
+    result = operands[0].tensor;
+    write(r, result, L.results[0], op_index);
+  } else {
+    result = pending_tensor(outs[0].shape, out_dtypes[0], device);
+    const c10::StorageImpl* key = result.storage().unsafeGetStorageImpl();
+    Entry& e = r.storages[key];
+    e.kind = Entry::Kind::kPending;
+    e.storage = result.storage();
+    e.layout = Layout::of(result);
+    e.value = L.results[0];
+    e.op = op_index;
+    r.outputs.push_back(key);
+  }
+  for (const auto& o : operands) {  // what would not port to a TPU, as the strict path reports it
+    if (o.kind == Operand::Kind::kTensor && unsupported_on_tpu(o.tensor.scalar_type())) {
+      note_unsupported(info.label, o.tensor.scalar_type());
+      break;
+    }
+  }
+  torch::jit::drop(*stack, n);
+  stack->push_back(std::move(result));
+  g_pending_ops.fetch_add(1);
+  update_stats([](DeferStats& s) { ++s.ops_recorded; });
+  if (static_cast<int64_t>(r.ops.size()) >= max_ops()) flush_locked(*cs, Reason::kSizeCap);
+  return true;
+}
+
+DeferChecked::DeferChecked(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  if (g_open_regions.load(std::memory_order_relaxed) > 0) {
+    const auto& schema = op.schema();
+    const size_t n = schema.arguments().size();
+    for (size_t i = 0; i < n; ++i) {
+      const c10::AliasInfo* a = alias_of(schema.arguments()[i]);
+      const bool write = a && a->isWrite();
+      for_each_tensor(stack[stack.size() - n + i], [&](const at::Tensor& t) { flush_if_conflict(t, write); });
+    }
+  }
+  ++tls_checked;  // last: a throwing flush leaves the count alone
+}
+
+DeferChecked::DeferChecked(std::initializer_list<const at::Tensor*> reads,
+                           std::initializer_list<const at::Tensor*> writes) {
+  if (g_open_regions.load(std::memory_order_relaxed) > 0) {
+    for (const at::Tensor* t : reads) flush_if_conflict(*t, false);
+    for (const at::Tensor* t : writes) flush_if_conflict(*t, true);
+  }
+  ++tls_checked;
+}
+
+DeferChecked::~DeferChecked() { --tls_checked; }
+
+void defer_before_stream_use(c10::DeviceIndex device) {
+  if (tls_checked > 0 || tls_in_flush > 0 || g_open_regions.load(std::memory_order_relaxed) == 0) return;
+  flush_chip(device, Reason::kStream);
+}
+
+void defer_flush_device(c10::DeviceIndex device) {
+  if (tls_in_flush > 0 || g_open_regions.load(std::memory_order_relaxed) == 0) return;
+  flush_chip(device, Reason::kSync);
+}
+
+void defer_flush_storage(const c10::StorageImpl* storage) {
+  if (tls_in_flush > 0 || g_open_regions.load(std::memory_order_relaxed) == 0 || !storage) return;
+  ChipState* cs = find_state(storage->device().index());
+  if (!cs) return;
+  std::lock_guard<std::recursive_mutex> lock(cs->mu);
+  if (cs->region && cs->region->storages.count(storage)) flush_locked(*cs, Reason::kSync);
+}
+
+void defer_flush_all() {
+  if (tls_in_flush > 0 || g_open_regions.load(std::memory_order_relaxed) == 0) return;
+  for (c10::DeviceIndex d = 0; find_state(d) != nullptr; ++d) flush_chip(d, Reason::kOther);
+}
+
+DeferStats defer_stats() {
+  std::lock_guard<std::mutex> lock(g_stats_mu);
+  return g_stats;
+}
+
+void defer_reset_stats() {
+  std::lock_guard<std::mutex> lock(g_stats_mu);
+  g_stats = DeferStats{};
+}
+
+int64_t defer_pending_ops() { return g_pending_ops.load(); }
+
+void defer_set_single_op_aten(bool enabled) { g_single_op_aten.store(enabled); }
+bool defer_single_op_aten() { return g_single_op_aten.load(); }
+
+}  // namespace torch_tpu

@@ -1,0 +1,454 @@
+"""defer_and_fuse: fusible ops recorded into regions, compiled, run; CPU is the oracle.
+
+Tolerances: float32 results use assert_close's defaults (transcendentals are
+the executor's polynomials, within a few ulp; sums add in another order).
+16-bit floats are rounded once per ATen op, as eager PyTorch does, so
+arithmetic chains match the CPU exactly; where a transcendental or a
+reduction's different summation order lands a value on the other side of a
+rounding boundary, the result differs by one bf16/f16 ulp (assert_close's
+16-bit defaults allow that), except after catastrophic cancellation (x - mean
+in a bf16 layer norm), which the tests avoid.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+import torch_tpu.debug as tdebug
+
+from conftest import needs_v6e_8
+
+pytestmark = needs_v6e_8
+
+
+@pytest.fixture
+def defer():
+    """defer_and_fuse on this thread, counters reset; pending work flushed at the end."""
+    tdebug.reset_region_stats()
+    with torch_tpu.eager_mode("defer_and_fuse"):
+        yield
+    assert tdebug.pending_ops() == 0
+
+
+@pytest.fixture
+def defer_global():
+    """defer_and_fuse process-wide (autograd's backward runs on another thread)."""
+    tdebug.reset_region_stats()
+    torch_tpu.set_eager_mode("defer_and_fuse")
+    try:
+        yield
+    finally:
+        torch_tpu.set_eager_mode("strict")
+
+
+@pytest.fixture
+def fused_single_ops():
+    """Regions of one op compiled too (by default they run ATen's kernel), so that every lowering runs."""
+    torch_tpu._C._defer_set_single_op_aten(False)
+    yield
+    torch_tpu._C._defer_set_single_op_aten(True)
+
+
+def stats():
+    return tdebug.region_stats()
+
+
+def _inputs(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 10, generator=g)
+    y = torch.randn(6, 10, generator=g)
+    b = torch.randn(10, generator=g)
+    p = torch.rand(6, 10, generator=g) + 0.1
+    i = torch.randint(-5, 5, (6, 10), generator=g)
+    j = torch.randint(1, 5, (6, 10), generator=g)
+    m = torch.rand(6, 10, generator=g) > 0.5
+    return [t.to(dtype) if t.is_floating_point() else t for t in (x, y, b, p, i, j, m)]
+
+
+# name -> f(x, y, b, p, i, j, m); each is recorded whole (no flush before the host read).
+FUSIBLE = {
+    "add_bcast_alpha": lambda x, y, b, p, i, j, m: torch.add(x, b, alpha=0.5) + y,
+    "sub_rsub": lambda x, y, b, p, i, j, m: (x - y) - (1 - x),
+    "mul_div_scalar": lambda x, y, b, p, i, j, m: x * 0.1 / p + x / 3,
+    "int_true_div": lambda x, y, b, p, i, j, m: i / j,
+    "int_promote": lambda x, y, b, p, i, j, m: (i * j + 3) + 0.5,
+    "max_min": lambda x, y, b, p, i, j, m: torch.maximum(x, y) + torch.minimum(x, b),
+    "pow": lambda x, y, b, p, i, j, m: x ** 2 + x ** 3 + p ** 0.5 + p ** -1 + p ** 1.7 + p ** y,
+    "compare_logical": lambda x, y, b, p, i, j, m: ((x > y) & (x <= 1.0)) | (i == 2) | ~m | (j != 3),
+    "where": lambda x, y, b, p, i, j, m: torch.where(m, x, y) + torch.where(x > 0, x, 0.0),
+    "clamp": lambda x, y, b, p, i, j, m: x.clamp(-0.5, 0.5) + x.clamp(min=0.1) + x.clamp(min=y, max=y + 1),
+    "relu_family": lambda x, y, b, p, i, j, m: F.relu(x) + F.relu6(x * 4) + F.hardtanh(x) + F.leaky_relu(x, 0.2),
+    "gelu": lambda x, y, b, p, i, j, m: F.gelu(x) + F.gelu(y, approximate="tanh"),
+    "sigmoid_tanh_silu": lambda x, y, b, p, i, j, m: torch.sigmoid(x) + torch.tanh(y) + F.silu(x) + F.softplus(x * 10),
+    "exp_log": lambda x, y, b, p, i, j, m: torch.exp(x) + torch.log(p) + torch.log1p(p) + torch.expm1(x),
+    "sqrt_trig_erf": lambda x, y, b, p, i, j, m: torch.sqrt(p) + torch.rsqrt(p) + torch.sin(x) + torch.cos(x) + torch.erf(y),
+    "rounding_sign": lambda x, y, b, p, i, j, m: torch.floor(x * 3) + torch.ceil(y * 3) + torch.sign(x) - torch.abs(i),
+    "reciprocal_neg": lambda x, y, b, p, i, j, m: torch.reciprocal(p) - x,
+    "sum_mean": lambda x, y, b, p, i, j, m: (x * y).sum(1) + x.mean(1) + x.sum() + y.mean(),
+    "keepdim_bcast": lambda x, y, b, p, i, j, m: x.sum(0, keepdim=True) + x.mean(-1, keepdim=True) * y,
+    "amax_amin_max": lambda x, y, b, p, i, j, m: x.amax(1) + x.amin(1) + x.max() - y.min(),
+    "int_bool_sums": lambda x, y, b, p, i, j, m: i.sum(1) + m.sum() + i.prod(),
+    "softmax": lambda x, y, b, p, i, j, m: torch.softmax(x, -1) + torch.softmax(y, 0) + torch.log_softmax(x, -1),
+    "casts": lambda x, y, b, p, i, j, m: (x * 3).half().float() + x.to(torch.bfloat16).float() + (y * 3).long(),
+    "contiguous_of_transpose": lambda x, y, b, p, i, j, m: (x.t() * 2).contiguous() + 1,
+    "layer_norm_elementwise": lambda x, y, b, p, i, j, m: (
+        (x - x.mean(-1, keepdim=True)) * torch.rsqrt(((x - x.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1e-5)
+        * b + b),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUSIBLE))
+def test_fusible_ops_match_cpu_float32(name, defer, fused_single_ops):
+    f = FUSIBLE[name]
+    args = _inputs()
+    ref = f(*args)
+    out = f(*[a.tpu() for a in args])
+    s = stats()
+    assert s["ops_recorded"] >= 1 and s["fallbacks"] == 0, s
+    assert s["regions_flushed"] == 0, "the whole expression is one region"
+    torch.testing.assert_close(out.cpu(), ref)
+    assert stats()["regions_run"] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_fusible_ops_match_cpu_other_dtypes(dtype, defer, fused_single_ops):
+    args = _inputs(dtype)
+    skip = {"layer_norm_elementwise"} if dtype == torch.bfloat16 else set()  # cancellation, see the docstring
+    for name, f in sorted(FUSIBLE.items()):
+        if name in skip:
+            continue
+        try:
+            ref = f(*args)
+        except RuntimeError:
+            continue  # not defined on the CPU for this dtype
+        out = f(*[a.tpu() for a in args])
+        # softmax in 16 bits: ATen's reduced-precision kernels round their
+        # intermediates their own way; within 2 ulp.
+        tol = {"rtol": 2e-3, "atol": 1e-5} if dtype == torch.float16 and name == "softmax" else {}
+        torch.testing.assert_close(out.cpu(), ref, msg=lambda m: f"{name} ({dtype}): {m}", **tol)
+    assert stats()["fallbacks"] == 0
+
+
+def test_single_op_regions_run_atens_kernel(defer):
+    x = torch.randn(64, 256)
+    xt = x.tpu()
+    y = torch.softmax(xt, -1)       # alone in its region: ATen's kernel, bit for bit
+    assert torch.equal(y.cpu(), torch.softmax(x, -1))
+    g = torch.ops.aten.gelu_backward(y, xt)  # its out= overload is named grad_input
+    assert torch.equal(g.cpu(), torch.ops.aten.gelu_backward(torch.softmax(x, -1), x))
+    z = F.gelu(xt) + 1              # two ops: compiled
+    torch.testing.assert_close(z.cpu(), F.gelu(x) + 1)
+    s = stats()
+    assert s["single_op_regions"] == 2 and s["regions_compiled"] + s["cache_hits"] == 1, s
+
+
+def test_bf16_arithmetic_rounds_per_op_like_eager(defer):
+    x, y = (torch.randn(4096) * 10).bfloat16(), torch.randn(4096).bfloat16()
+    f = lambda x, y: ((x * 0.1 + y) * y - x / 3).clamp(-2, 2) * 1.5  # noqa: E731
+    assert torch.equal(f(x.tpu(), y.tpu()).cpu(), f(x, y))
+
+
+def test_chain_is_one_region_and_intermediates_get_no_hbm(defer):
+    x = torch.randn(512, 1024).tpu()
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    y = F.gelu(x * 2 + 1, approximate="tanh").sigmoid() * 3
+    assert torch.tpu.memory_allocated() == before  # recorded, nothing allocated yet
+    ref = F.gelu(x.cpu() * 2 + 1, approximate="tanh").sigmoid() * 3
+    torch.testing.assert_close(y.cpu(), ref)
+    s = stats()
+    assert s["ops_fused"] == 5 and s["regions_run"] == 1 and s["outputs_materialized"] == 1
+    assert s["outputs_dead"] == 4 and s["hbm_bytes_avoided"] == 4 * 512 * 1024 * 4
+    assert torch.tpu.memory_allocated() == before + 512 * 1024 * 4
+
+
+def test_compile_cache_hits_across_iterations(defer):
+    x = torch.randn(64, 128).tpu()
+    outs = [(torch.sigmoid(x) * x + 1).cpu() for _ in range(4)]
+    s = stats()
+    assert s["regions_compiled"] == 1 and s["cache_hits"] == 3 and s["kernels_launched"] == 4
+    torch.testing.assert_close(outs[-1], torch.sigmoid(x.cpu()) * x.cpu() + 1)
+
+
+def test_changing_scalars_become_parameters(defer):
+    x = torch.randn(64, 128).tpu()
+    outs = []
+    for step in range(6):
+        lr = 0.1 / (step + 1)
+        outs.append((torch.tanh(x * lr) + step).cpu())  # both scalars change every step
+    s = stats()
+    # Step 0 bakes them in; step 1 sees them change and makes them parameters; then hits.
+    assert s["regions_compiled"] == 2 and s["cache_hits"] == 4, s
+    for step, out in enumerate(outs):
+        torch.testing.assert_close(out, torch.tanh(x.cpu() * (0.1 / (step + 1))) + step)
+
+
+@pytest.mark.parametrize("rows", [1024, 1023])
+def test_large_regions_run_in_chunks(rows, defer):
+    # Results of >= 256K elements are computed in row chunks on the intra-op threads.
+    x, r = torch.randn(rows, 512), torch.randn(512, rows)
+    w, b = torch.randn(512), torch.randn(rows, 1)
+    acc = torch.randn(rows, 512)
+
+    def f(x, r, w, b, acc):
+        h = x + r.t() * w                      # a transposed input, a broadcast row
+        mu = h.mean(-1, keepdim=True)
+        y = (h - mu) * torch.rsqrt(((h - mu) ** 2).mean(-1, keepdim=True) + 1e-5) + b
+        acc.add_(y, alpha=0.5)                 # an in-place write-back
+        return y, h.amax(-1)
+
+    dev = [t.tpu() for t in (x, r, w, b, acc)]
+    y, m = f(*dev)
+    y_ref, m_ref = f(x, r, w, b, acc)
+    torch.testing.assert_close(y.cpu(), y_ref)
+    torch.testing.assert_close(m.cpu(), m_ref)
+    torch.testing.assert_close(dev[4].cpu(), acc)
+    if torch.get_num_threads() > 1:
+        assert stats()["regions_split"] == 1
+
+
+# ---------------------------------------------------------------- aliasing
+
+
+def test_inplace_on_pending_and_on_materialized_tensors(defer):
+    a = torch.randn(8, 16)
+    at = a.tpu()
+    torch.tpu.synchronize()
+    y = at * 2          # pending
+    y.add_(1).mul_(3)   # in place on a pending result: rebinds it
+    at.sub_(y * 0.01)   # in place on a real tensor, from a pending one: written back after the kernels
+    F.relu(at, inplace=True)
+    z = at + y          # reads the written-back value inside the same region
+    assert stats()["regions_flushed"] == 0
+    ref_y = (a * 2 + 1) * 3
+    ref_a = F.relu(a - ref_y * 0.01)
+    torch.testing.assert_close(z.cpu(), ref_a + ref_y)
+    torch.testing.assert_close(y.cpu(), ref_y)
+    torch.testing.assert_close(at.cpu(), ref_a)
+    assert stats()["fallbacks"] == 0
+
+
+def test_inplace_on_views(defer):
+    a = torch.randn(8, 16)
+    at = a.tpu()
+    row = at[2]             # a view of a real tensor: written back through its strides
+    row.mul_(10)
+    col = at[:, 3]
+    col.add_(1)
+    a[2] *= 10
+    a[:, 3] += 1
+    torch.testing.assert_close(at.cpu(), a)
+    y = at * 1              # pending; then an in-place op on a view of it
+    y[1:3].zero_()          # fill_ on a slice of a pending result: flushes, then runs strictly
+    y[0].add_(5)
+    ref = a.clone()
+    ref[1:3] = 0
+    ref[0] += 5
+    torch.testing.assert_close(y.cpu(), ref)
+
+
+def test_views_of_pending_results(defer):
+    x = torch.randn(6, 10)
+    xt = x.tpu()
+    s = xt.sum(1)                       # pending [6]
+    a = s.unsqueeze(1) * xt             # broadcast view: expressed in the IR
+    b = (xt * 2).view(-1) + 1           # row-major reshape: expressed in the IR
+    c = (xt * 2).expand(3, 6, 10) - 1   # expand: expressed in the IR
+    assert stats()["regions_flushed"] == 0
+    d = (xt * 2).t() + 1                # transpose: not expressible, flushes
+    e = (xt * 3)[1:4] * 2               # slice: flushes
+    assert stats()["regions_flushed"] >= 1
+    torch.testing.assert_close(a.cpu(), x.sum(1).unsqueeze(1) * x)
+    torch.testing.assert_close(b.cpu(), (x * 2).view(-1) + 1)
+    torch.testing.assert_close(c.cpu(), (x * 2).expand(3, 6, 10) - 1)
+    torch.testing.assert_close(d.cpu(), (x * 2).t() + 1)
+    torch.testing.assert_close(e.cpu(), (x * 3)[1:4] * 2)
+
+
+def test_tensor_mutated_after_a_pending_read(defer):
+    x = torch.randn(32, 32)
+    xt = x.tpu()
+    y = xt * 2               # reads xt (pending)
+    xt.copy_(torch.ones(32, 32).tpu())  # a strict write to what the region reads: flushes first
+    z = xt + 1
+    xt.fill_(7)              # a strict write: flushes first
+    w = xt * y               # records again
+    torch.testing.assert_close(y.cpu(), x * 2)
+    torch.testing.assert_close(z.cpu(), torch.full((32, 32), 2.0))
+    torch.testing.assert_close(w.cpu(), 7 * x * 2)
+    assert stats()["flush_reasons"]["conflict"] >= 2
+
+
+def test_recorded_inplace_after_a_recorded_read(defer):
+    x = torch.randn(16, 16)
+    xt = x.tpu()
+    torch.tpu.synchronize()
+    y = xt.exp()       # reads xt
+    xt.mul_(y)         # recorded write to xt (y is pending), after the read, in the same region
+    z = xt + y         # reads the new xt
+    assert stats()["regions_flushed"] == 0
+    torch.testing.assert_close(y.cpu(), x.exp())
+    torch.testing.assert_close(z.cpu(), x * x.exp() + x.exp())
+    torch.testing.assert_close(xt.cpu(), x * x.exp())
+    xt.mul_(2)         # nothing pending involved: ATen's in-place kernel; reads of xt flush first
+    torch.testing.assert_close(xt.cpu(), x * x.exp() * 2)
+
+
+def test_input_metadata_changed_in_place_after_recording(defer):
+    x = torch.randn(4, 6)
+    xt = x.tpu()
+    y = xt.exp()          # one op: ATen's kernel runs it at the flush
+    xt.t_()               # the input's metadata changes before the flush
+    torch.testing.assert_close(y.cpu(), x.exp())
+    z = xt * 2 + 1        # two ops: compiled
+    xt.t_()
+    torch.testing.assert_close(z.cpu(), x.t() * 2 + 1)
+    w = xt.sigmoid()
+    xt.resize_(24)        # resizing a tensor a region reads flushes it first
+    torch.testing.assert_close(w.cpu(), x.sigmoid())
+
+
+def test_unused_fresh_tensors_are_not_flushed_for(defer):
+    x = torch.randn(128).tpu()
+    y = x * 2
+    zeros = torch.zeros(128, device="tpu")   # fill_ on fresh memory: queued ahead, no flush
+    w = torch.where(y > 0, y, 0.5) + zeros
+    other = torch.ones(128, device="tpu")
+    other.mul_(3)                            # in place, nothing of the region: runs now, no flush
+    assert stats()["regions_flushed"] == 0
+    assert other.sum().item() == 384
+    torch.testing.assert_close(w.cpu(), torch.where(x.cpu() * 2 > 0, x.cpu() * 2, 0.5))
+
+
+# ---------------------------------------------------------------- autograd, RNG
+
+
+def test_mlp_gradients_match_cpu(defer_global):
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(32, 32),
+                              torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.SiLU(), torch.nn.Linear(32, 4))
+    dev = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(32, 32),
+                              torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.SiLU(), torch.nn.Linear(32, 4))
+    dev.load_state_dict(cpu.state_dict())
+    dev = dev.tpu()
+    x, t = torch.randn(8, 16), torch.randn(8, 4)
+
+    def loss_of(model, x, t):
+        h = model(x)
+        return (((h - t) ** 2).mean() + torch.softmax(h, -1).amax(-1).sum() * 0.1)
+
+    loss = loss_of(dev, x.tpu(), t.tpu())
+    loss.backward()
+    ref = loss_of(cpu, x, t)
+    ref.backward()
+    torch.testing.assert_close(loss.cpu(), ref)
+    for p, q in zip(dev.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad)
+    s = stats()
+    assert s["ops_fused"] > 20 and s["fallbacks"] == 0, s
+
+
+def test_rng_ops_flush_and_match_strict(defer):
+    def run(mode):
+        with torch_tpu.eager_mode(mode):
+            torch.manual_seed(123)
+            x = torch.randn(64, 64, device="tpu")
+            h = F.gelu(x * 2 + 1)
+            d = F.dropout(h, 0.3)            # RNG on a pending input: flushes, runs strictly
+            n = torch.randn(64, 64, device="tpu")
+            out = (d + n * 0.1).sigmoid()
+            u = torch.empty(64, device="tpu").uniform_()
+            return (out * u).cpu()
+
+    ref = run("strict")
+    torch.testing.assert_close(run("defer_and_fuse"), ref)
+
+
+# ---------------------------------------------------------------- flush triggers
+
+
+def test_flush_triggers(defer):
+    x = torch.randn(64).tpu()
+    y = x * 2
+    assert tdebug.pending_ops() == 1
+    torch.tpu.synchronize()
+    assert tdebug.pending_ops() == 0 and stats()["flush_reasons"]["sync"] == 1
+    y = x + 1
+    _ = y.sum().item()                         # host read
+    assert tdebug.pending_ops() == 0
+    y = x + 2
+    ev = torch.tpu.Event()
+    ev.record()                                # event use
+    assert tdebug.pending_ops() == 0
+    ev.synchronize()
+    z = y * 3
+    repr(z)                                    # print
+    assert tdebug.pending_ops() == 0
+    z = y * 4
+    assert z.tolist() == (y * 4).cpu().tolist()
+    w, ref = x, x.cpu()
+    for _ in range(300):                       # the size cap (256 ops)
+        w, ref = w * 1.0001, ref * 1.0001
+    assert stats()["flush_reasons"]["size_cap"] >= 1
+    torch.testing.assert_close(w.cpu(), ref)
+
+
+def test_other_modes_flush_what_they_read():
+    x = torch.randn(32).tpu()
+    with torch_tpu.eager_mode("defer_and_fuse"):
+        y = x * 2
+    assert tdebug.pending_ops() == 0  # leaving the mode flushes
+    with torch_tpu.eager_mode("defer_and_fuse"):
+        y = x * 3
+        with torch_tpu.eager_mode("strict"):
+            z = y @ y                  # a strict op reading a pending result
+        with torch_tpu.eager_mode("debug"):
+            w = y.cumsum(0)
+    torch.testing.assert_close(z.cpu(), (x.cpu() * 3) @ (x.cpu() * 3))
+    torch.testing.assert_close(w.cpu(), (x.cpu() * 3).cumsum(0))
+
+
+# ---------------------------------------------------------------- environment, IR dump, errors
+
+
+def test_env_var_selects_mode_and_dump_ir_writes_stablehlo(run_python, tmp_path):
+    r = run_python(f"""
+        import json, os, torch, torch_tpu
+        x = torch.randn(1000).tpu()
+        y = torch.tanh(x * 2 + 1)
+        print(json.dumps({{"mode": torch_tpu.get_eager_mode(), "y": y.cpu().tolist()[:3],
+                          "ref": torch.tanh(x.cpu() * 2 + 1).tolist()[:3],
+                          "stats": torch_tpu.debug.region_stats(), "files": sorted(os.listdir({str(tmp_path)!r}))}}))
+    """, env={"TORCH_TPU_DEFER_AND_FUSE": "1", "TORCH_TPU_DUMP_IR": str(tmp_path)})
+    out = r.json()
+    assert out["mode"] == "defer_and_fuse"
+    assert out["stats"]["ops_fused"] == 3 and out["stats"]["regions_compiled"] == 1
+    torch.testing.assert_close(torch.tensor(out["y"]), torch.tensor(out["ref"]))
+    assert len(out["files"]) == 1 and out["files"][0].endswith(".mlir")
+    text = (tmp_path / out["files"][0]).read_text()
+    assert "func.func" in text and "stablehlo.tanh" in text and "stablehlo.multiply" in text
+    assert "aten::tanh at <string>:4" in text
+
+
+def test_error_in_a_region_names_the_op_and_source_line(run_python):
+    r = run_python("""
+        import json, torch, torch_tpu
+        torch_tpu.set_eager_mode("defer_and_fuse")
+        x = torch.randn(1 << 20).tpu()
+        small = torch.tanh(x)
+        big = x.expand(8, 1 << 20) * 2
+        try:
+            torch.tpu.synchronize()
+            print(json.dumps({"error": None}))
+        except torch.OutOfMemoryError as e:
+            del big
+            print(json.dumps({"error": str(e), "ok": torch.allclose(small.cpu(), torch.tanh(x.cpu()))}))
+    """, env={"TORCH_TPU_HBM_BYTES": "24MiB"})
+    out = r.json()
+    assert out["error"] is not None
+    assert "aten::mul.Tensor at <string>:6" in out["error"], out["error"]
+    assert out["ok"]  # the region stayed pending; once memory was freed it ran

@@ -1,0 +1,62 @@
+"""Introspection of ``defer_and_fuse`` (see :mod:`torch_tpu.eager`).
+
+``region_stats()`` counts what the recorder did since the process started (or
+since ``reset_region_stats()``); ``TORCH_TPU_DUMP_IR=DIR`` additionally writes
+every newly compiled region to ``DIR/region_NNNN_<hash>.mlir`` as StableHLO
+text, preceded by the recorded ATen ops (with their Python source lines) and
+the fusion plan as comments.
+"""
+
+from typing import Dict, Union
+
+from . import _C
+
+__all__ = ["region_stats", "reset_region_stats", "flush", "pending_ops"]
+
+
+def region_stats() -> Dict[str, Union[int, Dict[str, int]]]:
+    """Counters of ``defer_and_fuse``, all processes' chips together.
+
+    Keys:
+
+    * ``ops_recorded``: ATen ops recorded into regions; ``ops_fused``: those in
+      regions that were flushed; ``ops_pending``: those still waiting.
+    * ``regions_flushed``: regions that reached a flush; ``regions_run``: of
+      those, regions with live results (compiled or taken from the cache and
+      queued on the chip); ``regions_compiled``: compile-cache misses;
+      ``cache_hits``: compile-cache hits; ``cache_entries``: compiled regions
+      the process-wide cache holds.
+    * ``kernels_launched``: fused kernels queued.
+    * ``outputs_materialized`` / ``outputs_dead``: region results given HBM at
+      the flush / dropped because nothing but the region held them.
+    * ``hbm_bytes_avoided``: physical (tiled) HBM bytes of the dropped
+      results, i.e. intermediates never allocated; ``hbm_bytes_allocated``:
+      physical bytes allocated for live results at flushes.
+    * ``fallbacks``: ops with a lowering that ran strictly anyway (a dtype,
+      layout or argument the lowering does not handle).
+    * ``flush_reasons``: regions flushed because a strictly run op read or
+      wrote their memory (``conflict``), a synchronization or host read
+      (``sync``), other stream or event use (``stream``), the size cap
+      (``size_cap``, ``TORCH_TPU_DEFER_MAX_OPS``), a view the IR cannot express
+      (``view``), or a mode change, stream switch or :func:`flush` (``other``).
+    """
+    return _C._defer_region_stats()
+
+
+def reset_region_stats() -> None:
+    """Zero the counters of :func:`region_stats` (the compile cache is kept)."""
+    _C._defer_reset_region_stats()
+
+
+def flush() -> None:
+    """Compile and queue every pending region now (does not wait for the chip).
+
+    Raises ``torch.OutOfMemoryError`` naming the recorded op whose result does
+    not fit in HBM (the region then stays pending).
+    """
+    _C._defer_flush()
+
+
+def pending_ops() -> int:
+    """ATen ops recorded and not yet flushed, all chips together."""
+    return int(_C._defer_pending_ops())
