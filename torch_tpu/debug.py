@@ -26,7 +26,10 @@ def region_stats() -> Dict[str, Union[int, Dict[str, int]]]:
       queued on the chip); ``regions_compiled``: compile-cache misses;
       ``cache_hits``: compile-cache hits; ``cache_entries``: compiled regions
       the process-wide cache holds.
-    * ``kernels_launched``: fused kernels queued.
+    * ``kernels_launched``: fused kernels queued; ``regions_split``: regions whose
+      kernels ran in row chunks on several host threads (results of at least
+      ``TORCH_TPU_DEFER_SPLIT_ELEMENTS`` elements); ``single_op_regions``:
+      regions of one op, run with ATen's kernel for it instead of a compiled one.
     * ``outputs_materialized`` / ``outputs_dead``: region results given HBM at
       the flush / dropped because nothing but the region held them.
     * ``hbm_bytes_avoided``: physical (tiled) HBM bytes of the dropped
