@@ -579,6 +579,15 @@ ValueId bcast_back(Lowering& L, ValueId v, const ir::Shape& shape, const std::ve
   return L.b.broadcast_in_dim(v, shape, keep);
 }
 
+// All dimensions of a rank-`rank` tensor except `dim`, ascending.
+std::vector<int64_t> dims_except(int64_t rank, int64_t dim) {
+  std::vector<int64_t> keep;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (d != dim) keep.push_back(d);
+  }
+  return keep;
+}
+
 // _softmax(self, dim, half_to_float) / _log_softmax: ATen's _vec_softmax:
 // exp(x - max) * (1 / sum), and (x - max) - log(sum).
 void softmax(Lowering& L, bool log) {
@@ -590,9 +599,7 @@ void softmax(Lowering& L, bool log) {
   c10::ScalarType od = float_out(L);
   ElementType mt = opmath_of(ir_or_throw(od));
   const ir::Shape shape = L.out().shape;
-  std::vector<int64_t> keep;
-  for (int64_t d = 0; d < rank; ++d)
-    if (d != dim) keep.push_back(d);
+  const std::vector<int64_t> keep = dims_except(rank, dim);
   ValueId x = L.arg(0).value;
   if (L.b.type(x).dtype != mt) x = L.b.convert(x, mt);
   ValueId mx = L.b.reduce(x, ReduceKind::kMax, {dim});
@@ -620,9 +627,7 @@ void softmax_backward(Lowering& L, bool log) {
   c10::ScalarType od = float_out(L);
   ElementType mt = opmath_of(ir_or_throw(od));
   const ir::Shape shape = L.out().shape;
-  std::vector<int64_t> keep;
-  for (int64_t d = 0; d < rank; ++d)
-    if (d != dim) keep.push_back(d);
+  const std::vector<int64_t> keep = dims_except(rank, dim);
   auto widen = [&](ValueId v) { return L.b.type(v).dtype == mt ? v : L.b.convert(v, mt); };
   ValueId g = widen(L.arg(0).value), y = widen(L.arg(1).value);
   require(L.b.type(g).shape == shape && L.b.type(y).shape == shape);

@@ -73,6 +73,22 @@ std::vector<int64_t> split_starts(int64_t numel, int n, size_t element_size) {
   return starts;
 }
 
+// The n chunks of split_starts as (start, length) pairs, and the longest.
+struct Chunks {
+  std::vector<int64_t> starts, lens;
+  int64_t longest = 0;
+};
+Chunks split_chunks(int64_t numel, int n, size_t element_size) {
+  const auto bounds = split_starts(numel, n, element_size);
+  Chunks out;
+  out.starts.assign(bounds.begin(), bounds.end() - 1);
+  for (int c = 0; c < n; ++c) {
+    out.lens.push_back(bounds[c + 1] - bounds[c]);
+    out.longest = std::max(out.longest, out.lens.back());
+  }
+  return out;
+}
+
 int64_t slot_elements(size_t buffer_bytes, int parts, size_t element_size) {
   int64_t per = static_cast<int64_t>(buffer_bytes / parts / element_size);
   const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(element_size));
@@ -322,14 +338,10 @@ void Engine::all_reduce(const Arrival& a, void* data, int64_t numel, at::ScalarT
     g_.release_buffer(parity);
     return;
   }
-  const auto bounds = split_starts(numel, n, es);
-  std::vector<int64_t> starts(n), lens(n);
-  int64_t longest = 0;
-  for (int c = 0; c < n; ++c) {
-    starts[c] = bounds[c];
-    lens[c] = bounds[c + 1] - bounds[c];
-    longest = std::max(longest, lens[c]);
-  }
+  const Chunks chunks = split_chunks(numel, n, es);
+  const std::vector<int64_t>& starts = chunks.starts;
+  const std::vector<int64_t>& lens = chunks.lens;
+  const int64_t longest = chunks.longest;
   const int64_t slot = slot_elements(g_.buffer_bytes(), n, es);
   const int p = a.position[me];
   for (int64_t o = 0; o < longest; o += slot) {
@@ -386,14 +398,10 @@ void Engine::reduce(const Arrival& a, const void* input, void* output, int64_t n
     if (output != input) std::memmove(output, input, numel * es);
     return;
   }
-  const auto bounds = split_starts(numel, n, es);
-  std::vector<int64_t> starts(n), lens(n);
-  int64_t longest = 0;
-  for (int c = 0; c < n; ++c) {
-    starts[c] = bounds[c];
-    lens[c] = bounds[c + 1] - bounds[c];
-    longest = std::max(longest, lens[c]);
-  }
+  const Chunks chunks = split_chunks(numel, n, es);
+  const std::vector<int64_t>& starts = chunks.starts;
+  const std::vector<int64_t>& lens = chunks.lens;
+  const int64_t longest = chunks.longest;
   const int64_t slot = slot_elements(g_.buffer_bytes(), n, es);
   char* out = static_cast<char*>(output);
   for (int64_t o = 0; o < longest; o += slot) {
