@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", default=None, help="folder of *.py files (default: the standard library)")
     p.add_argument("--sample-tokens", type=int, default=200, help="bytes generated at the end (default 200)")
     p.add_argument("--prompt", default="def ", help="start of the generated sample (default 'def ')")
+    p.add_argument("--fsdp", action="store_true",
+                   help="FSDP2 over tpu_dist, one process per chip: python -m torch_tpu.run -n 4 -m "
+                        "torch_tpu.demo --fsdp (--batch-size is the global batch; DCP checkpoints)")
     return p
 
 
@@ -107,6 +110,9 @@ def main(argv=None) -> int:
 
     from .data import CorpusError
     from .train import DemoError, run
+
+    if args.fsdp:
+        from .fsdp import run_fsdp as run
 
     try:
         return run(args)
