@@ -44,8 +44,18 @@ torch.utils.generate_methods_for_privateuse1_backend(
 from .eager import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
 from . import debug  # noqa: E402,F401  (defer_and_fuse counters)
 from . import distributed  # noqa: E402,F401  (registers the tpu_dist backend)
+from .compile import compile_stats, reset_compile_stats  # noqa: E402  (torch.compile(backend="tpu"))
+from .compile import register as _register_compile  # noqa: E402
+
+try:
+    _register_compile()
+except Exception as _e:  # noqa: BLE001  (a broken Dynamo must not break `import torch`)
+    import warnings as _warnings
+
+    _warnings.warn(f"torch_tpu: torch.compile backend 'tpu' not registered: {_e}")
 
 __version__ = "0.1.0"
 
 
-__all__ = ["__version__", "eager_mode", "get_eager_mode", "set_eager_mode"]
+__all__ = ["__version__", "eager_mode", "get_eager_mode", "set_eager_mode", "compile_stats",
+           "reset_compile_stats"]

@@ -1,0 +1,174 @@
+"""The Dynamo backend ``"tpu"``: AOTAutograd with core ATen decompositions, each
+forward / backward / inference graph compiled by :mod:`.graph_compiler`."""
+
+import importlib.abc
+import importlib.util
+import logging
+import sys
+from typing import Callable, List, Sequence
+
+import torch
+
+from . import stats
+
+log = logging.getLogger("torch_tpu.compile")
+
+_registered = False
+
+
+def _decompositions():
+    """Core ATen decompositions, plus ones that let normalization fuse (layer norm
+    forward becomes mean/var elementwise work the IR lowers)."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    table = dict(core_aten_decompositions())
+    aten = torch.ops.aten
+    table.update(get_decompositions([aten.native_layer_norm]))
+    return table
+
+
+def _has_symbolic_inputs(example_inputs: Sequence) -> bool:
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt):
+            return True
+        if isinstance(x, torch.Tensor):
+            if any(isinstance(s, torch.SymInt) for s in x.shape):
+                return True
+    return False
+
+
+def _compile_graph(kind: str):
+    """The fw / bw / inference compiler for AOTAutograd."""
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs: List):
+        from . import graph_compiler
+
+        return graph_compiler.compile_fx_graph(gm, example_inputs, kind)
+
+    return compiler
+
+
+def compile_static(gm: torch.fx.GraphModule, example_inputs: List) -> Callable:
+    """Compile a Dynamo FX graph with static shapes: AOTAutograd (core ATen
+    decompositions) splits it into forward and backward graphs, and each becomes a
+    program of fused kernels and library calls on the tpu device.
+
+    Args:
+        gm: the graph Dynamo captured (torch-level ops).
+        example_inputs: its example inputs (tensors with concrete shapes).
+
+    Returns:
+        A callable taking the graph's inputs and returning its outputs.
+
+    Raises:
+        torch.OutOfMemoryError: a program's peak physical HBM bytes exceed the chip's capacity.
+    """
+    from functorch.compile import make_boxed_func  # noqa: F401
+    from torch._dynamo.backends.common import aot_autograd
+
+    backend = aot_autograd(
+        fw_compiler=_compile_graph("forward"),
+        bw_compiler=_compile_graph("backward"),
+        inference_compiler=_compile_graph("inference"),
+        decompositions=_decompositions(),
+        keep_inference_input_mutations=True,
+    )
+    return backend(gm, example_inputs)
+
+
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs: List) -> Callable:
+    """The ``"tpu"`` Dynamo backend (``torch.compile(model, backend="tpu")``).
+
+    Static graphs go through :func:`compile_static`. A graph with symbolic sizes
+    (dynamic shapes) goes to :func:`torch_tpu.compile.bucketing.compile_bucketed`
+    when that module is present, which pads dynamic dimensions to buckets;
+    otherwise Dynamo's dynamic graph is compiled as it is (each concrete shape
+    becomes its own program).
+    """
+    _note_dynamo_events()
+    stats.add("graphs", 0)
+    if _has_symbolic_inputs(example_inputs):
+        try:
+            from . import bucketing  # owned by the bucketing work (dynamic shapes)
+        except ImportError:
+            bucketing = None
+        if bucketing is not None:
+            return bucketing.compile_bucketed(gm, example_inputs, compile_static)
+    return compile_static(gm, example_inputs)
+
+
+def _note_dynamo_events() -> None:
+    """Log and count graph breaks Dynamo reported since the last graph."""
+    try:
+        from torch._dynamo.utils import counters
+    except Exception:  # noqa: BLE001
+        return
+    seen = _note_dynamo_events.seen
+    for reason, n in list(counters["graph_break"].items()):
+        if n > seen.get(reason, 0):
+            log.warning("graph break (Python runs between compiled graphs here): %s", reason)
+            stats.append("graph_break_reasons", str(reason))
+            seen[reason] = n
+
+
+_note_dynamo_events.seen = {}
+
+
+class _RecompileHandler(logging.Handler):
+    """Receives Dynamo's "recompiles" log records (guard-failure reasons)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001
+            return
+        stats.append("recompile_reasons", msg)
+        log.info("recompiling: %s", msg)
+
+
+def register() -> None:
+    """Register the backend and the tpu device interface with Dynamo once
+    ``torch._dynamo`` is imported (importing it here would add ~1.5 s to
+    ``import torch``); at once if it already is."""
+    if "torch._dynamo" in sys.modules:
+        _register_now()
+    elif not any(isinstance(f, _DynamoImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DynamoImportHook())
+
+
+class _DynamoImportHook(importlib.abc.MetaPathFinder):
+    """Runs :func:`_register_now` right after ``torch._dynamo`` finishes importing."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch._dynamo":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_register(module):
+            exec_module(module)
+            try:
+                _register_now()
+            except Exception as e:  # noqa: BLE001
+                log.warning("torch.compile backend 'tpu' not registered: %s", e)
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+
+def _register_now() -> None:
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from torch._dynamo import register_backend
+    from torch._dynamo.backends import registry
+
+    if "tpu" not in registry._COMPILER_FNS:
+        register_backend(name="tpu")(tpu_backend)
+    from . import device_interface
+
+    device_interface.register()
