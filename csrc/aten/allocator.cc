@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "aten/device.h"
+#include "aten/dry_run.h"
 #include "aten/errors.h"
 #include "vtpu/layout.h"
 
@@ -42,6 +43,7 @@ c10::DataPtr TPUAllocator::allocate_on(c10::DeviceIndex device, size_t nbytes, u
 
 void TPUAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
   // Storage-level copies are host reads/writes of device memory: wait first.
+  if (dry_run()) dry_run_host_read("a storage copy");
   synchronize_device(current_device());
   std::memcpy(dest, src, count);
 }

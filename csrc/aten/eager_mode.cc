@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "aten/dry_run.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -39,7 +41,11 @@ std::function<std::string()>& provider() {
 
 }  // namespace
 
-EagerMode eager_mode() { return tls_mode >= 0 ? static_cast<EagerMode>(tls_mode) : global_eager_mode(); }
+// A dry run prices ops one by one as strict mode issues them (nothing deferred or checked).
+EagerMode eager_mode() {
+  if (dry_run()) return EagerMode::kStrict;
+  return tls_mode >= 0 ? static_cast<EagerMode>(tls_mode) : global_eager_mode();
+}
 EagerMode global_eager_mode() { return static_cast<EagerMode>(global_mode().load(std::memory_order_relaxed)); }
 void set_global_eager_mode(EagerMode mode) { global_mode().store(static_cast<int>(mode)); }
 std::optional<EagerMode> thread_eager_mode() {

@@ -24,6 +24,7 @@
 
 #include "aten/defer.h"
 #include "aten/device.h"
+#include "aten/dry_run.h"
 #include "aten/eager_mode.h"
 #include "aten/errors.h"
 #include "aten/fallback_internal.h"
@@ -263,6 +264,11 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     auto& stream = current_vtpu_stream(device);
     const auto precision = at::globalContext().float32MatmulPrecision();
     chip(device).record_cost(op_cost(schema, args, result_tensors(results), precision));
+    if (dry_run()) {  // shaped, allocated and priced; not computed
+      torch::jit::drop(*stack, num_args);
+      for (auto& v : results) stack->push_back(std::move(v));
+      return;
+    }
     // With an out= overload the CPU kernel writes straight into HBM.
     // (Not for products at reduced precision: their passes need temporaries.)
     std::optional<c10::OperatorHandle> out_op;
@@ -319,6 +325,7 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 // Synchronous path: wait for the chip, run the CPU kernel on host aliases now.
 void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& label) {
+  if (dry_run()) dry_run_host_read(label + " (it runs on the host at once: data-dependent or host results)");
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
   std::vector<IValue> args(stack->end() - num_args, stack->end());

@@ -5,6 +5,7 @@
 #include "aten/allocator.h"
 #include "aten/defer.h"
 #include "aten/device.h"
+#include "aten/dry_run.h"
 #include "aten/errors.h"
 #include "aten/host_alias.h"
 #include "aten/op_cost.h"
@@ -44,6 +45,10 @@ at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_
   } else {
     if (src_tpu) chip(source.device().index()).record_cost(transfer_cost(physical_bytes_of(source), 0));
     if (dst_tpu) chip(dst.device().index()).record_cost(transfer_cost(0, physical_bytes_of(dst)));
+  }
+  if (dry_run()) {  // priced, not moved
+    if (!dst_tpu) dry_run_host_read("copying a tpu tensor of shape " + c10::str(source.sizes()) + " to " + dst.device().str());
+    return dst;
   }
 
   if (src_tpu && dst_tpu) {
@@ -96,6 +101,7 @@ at::Tensor copy_from_and_resize_tpu(const at::Tensor& src, const at::Tensor& dst
 }
 
 at::Scalar local_scalar_dense_tpu(const at::Tensor& self) {
+  if (dry_run()) dry_run_host_read("reading a tpu tensor's value (.item(), bool(), printing)");
   auto& stream = current_vtpu_stream(self.device().index());
   synchronize_stream(stream);
   return host_alias(self).item();
@@ -106,6 +112,7 @@ at::Tensor& fill_scalar_tpu_(at::Tensor& self, const at::Scalar& value) {
   DeferChecked deferred({}, {&self});
   auto& stream = current_vtpu_stream(self.device().index());
   chip(self.device().index()).record_cost(transfer_cost(0, physical_bytes_of(self)));
+  if (dry_run()) return self;  // priced, not written
   stream.enqueue("aten::fill_", [dst = TensorRecipe::of(self), value] {
     AliasBuilder host(c10::kCPU);
     host.alias(dst).fill_(value);

@@ -11,6 +11,7 @@
 #include "aten/allocator.h"
 #include "aten/defer.h"
 #include "aten/device.h"
+#include "aten/dry_run.h"
 #include "aten/tensor_factory.h"
 #include "vtpu/layout.h"
 
@@ -80,8 +81,9 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
   // Queued work reaches the bytes through this StorageImpl when it runs: it must be done
   // with the old ones before they are swapped out (also when shrinking to 0, as FSDP2's
   // reshard does with storage.resize_(0)).
-  if (storage->nbytes() > 0) synchronize_device(device);
-  if (keep > 0) std::memcpy(data.get(), storage->data(), keep);
+  // A dry run writes no HBM: the old bytes were never computed.
+  if (storage->nbytes() > 0 && !dry_run()) synchronize_device(device);
+  if (keep > 0 && !dry_run()) std::memcpy(data.get(), storage->data(), keep);
   storage->set_data_ptr_noswap(std::move(data));
   storage->set_nbytes(nbytes);
 }

@@ -575,16 +575,10 @@ void Engine::all_to_all(const Arrival& a, uint64_t seq, const void* input, const
   }
 }
 
-vtpu::CollectiveCost Engine::cost(const Arrival& a, OpKind op, double payload, uint64_t seq) {
+vtpu::CollectiveCost ring_cost(OpKind op, int n, double payload) {
   vtpu::CollectiveCost c;
-  const int n = g_.size();
-  const int me = g_.rank();
-  if (a.descs[me].chip < 0) return c;  // host tensors: no ICI
   c.payload_bytes = payload;
   if (n <= 1) return c;
-  std::vector<int> chips(n);
-  for (int r = 0; r < n; ++r) chips[r] = a.descs[r].chip;
-  c.ici_links = ring_links(chips, topology_);
   const double f = static_cast<double>(n - 1) / n;
   switch (op) {
     case OpKind::kAllReduce:
@@ -600,6 +594,34 @@ vtpu::CollectiveCost Engine::cost(const Arrival& a, OpKind op, double payload, u
     case OpKind::kBroadcast:
       c.ici_bytes = payload;  // pipelined along the ring: every chip forwards the buffer once
       c.ici_steps = n - 1;
+      break;
+    case OpKind::kBarrier:
+      c.ici_steps = n - 1;
+      break;
+    default:
+      break;
+  }
+  return c;
+}
+
+vtpu::CollectiveCost Engine::cost(const Arrival& a, OpKind op, double payload, uint64_t seq) {
+  vtpu::CollectiveCost c;
+  const int n = g_.size();
+  const int me = g_.rank();
+  if (a.descs[me].chip < 0) return c;  // host tensors: no ICI
+  c.payload_bytes = payload;
+  if (n <= 1) return c;
+  std::vector<int> chips(n);
+  for (int r = 0; r < n; ++r) chips[r] = a.descs[r].chip;
+  const double f = static_cast<double>(n - 1) / n;
+  switch (op) {
+    case OpKind::kAllReduce:
+    case OpKind::kReduce:
+    case OpKind::kAllGather:
+    case OpKind::kReduceScatter:
+    case OpKind::kBroadcast:
+    case OpKind::kBarrier:
+      c = ring_cost(op, n, payload);
       break;
     case OpKind::kGather:
     case OpKind::kScatter:
@@ -618,10 +640,8 @@ vtpu::CollectiveCost Engine::cost(const Arrival& a, OpKind op, double payload, u
       c.ici_steps = 1;
       break;
     }
-    case OpKind::kBarrier:
-      c.ici_steps = n - 1;
-      break;
   }
+  c.ici_links = ring_links(chips, topology_);
   return c;
 }
 

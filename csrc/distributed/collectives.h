@@ -54,6 +54,13 @@ std::vector<int> ring_order(const std::vector<int>& chips, const vtpu::Topology&
 // the group closes a wrapped ring of more than 2 chips, else 1.
 int ring_links(const std::vector<int>& chips, const vtpu::Topology& topology);
 
+// The ring formulas of Engine::cost for `n` ranks (payload on this rank; for all_gather and
+// reduce_scatter the n-rank buffer): ICI bytes this rank sends and ring steps. all_reduce and
+// reduce 2(n-1)/n·payload in 2(n-1) steps, all_gather and reduce_scatter (n-1)/n·payload in
+// n-1, broadcast payload in n-1, barrier n-1 steps. ici_links is left at 1 (see ring_links).
+// Other ops (gather, scatter, all_to_all) depend on the root or on per-peer counts: Engine::cost.
+vtpu::CollectiveCost ring_cost(OpKind op, int n, double payload_bytes);
+
 class Engine {
  public:
   Engine(ShmGroup& group, const vtpu::Topology& topology, size_t small_bytes)

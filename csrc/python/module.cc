@@ -18,6 +18,9 @@ namespace torch_tpu {
 void register_hooks();  // hooks.cc
 void register_distributed_bindings(pybind11::module_& m);  // distributed_bindings.cc
 void register_defer_bindings(pybind11::module_& m);        // defer_bindings.cc
+void register_profiler_bindings(pybind11::module_& m);     // profiler_bindings.cc
+void register_compile_bindings(pybind11::module_& m);      // compile_bindings.cc
+void register_dry_run_bindings(pybind11::module_& m);      // dry_run_bindings.cc
 }
 
 namespace {
@@ -124,6 +127,9 @@ PYBIND11_MODULE(_C, m) {
   m.attr("_DEVICE_TYPE") = static_cast<int>(kTPU);
   register_distributed_bindings(m);
   register_defer_bindings(m);
+  register_profiler_bindings(m);
+  register_compile_bindings(m);
+  register_dry_run_bindings(m);
   m.def("_init", [] {
     translate_errors([] {
       register_hooks();
@@ -217,6 +223,18 @@ PYBIND11_MODULE(_C, m) {
         by_gen[py::str(specs[g].generation)] = s.device_seconds_by_generation[g];
       }
       d["device_seconds_by_generation"] = by_gen;
+      py::dict bound;  // by generation, split by the bounding unit (parts add up to the total)
+      for (size_t g = 0; g < specs.size() && g < s.bound_by_generation.size(); ++g) {
+        const auto& b = s.bound_by_generation[g];
+        py::dict e;
+        e["mxu"] = b.mxu_seconds;
+        e["vpu"] = b.vpu_seconds;
+        e["hbm"] = b.hbm_seconds;
+        e["overhead"] = b.overhead_seconds;
+        e["total"] = b.total_seconds;
+        bound[py::str(specs[g].generation)] = e;
+      }
+      d["device_bound_by_generation"] = bound;
       d["generation"] = runtime().topology().spec().generation;
       return d;
     });

@@ -41,4 +41,17 @@ CostBreakdown estimate(const ChipSpec& spec, const OpCost& cost) {
   return out;
 }
 
+CostBreakdown bound_split(const CostBreakdown& b) {
+  CostBreakdown out;
+  if (b.mxu_seconds + b.vpu_seconds >= b.hbm_seconds) {
+    out.mxu_seconds = b.mxu_seconds;
+    out.vpu_seconds = b.vpu_seconds;
+  } else {
+    out.hbm_seconds = b.hbm_seconds;
+  }
+  out.overhead_seconds = b.overhead_seconds;
+  out.total_seconds = b.total_seconds;
+  return out;
+}
+
 }  // namespace vtpu

@@ -48,5 +48,9 @@ double mxu_clock_hz(const ChipSpec& spec);
 // Peak VPU operations per second of a chip: clock x kVpuOpsPerCycle x TensorCores.
 double vpu_flops(const ChipSpec& spec);
 CostBreakdown estimate(const ChipSpec& spec, const OpCost& cost);
+// The same op's time split so that the parts add up to total_seconds: an op
+// whose MXU + VPU time reaches its HBM time counts its mxu and vpu seconds,
+// otherwise (HBM-bound) its hbm seconds; the launch overhead apart.
+CostBreakdown bound_split(const CostBreakdown& b);
 
 }  // namespace vtpu

@@ -7,11 +7,21 @@ namespace vtpu {
 void ChipCounters::record(const OpCost& cost) {
   const CostBreakdown own = estimate(own_, cost);
   std::array<double, kNumGenerations> by_generation{};
+  std::array<CostBreakdown, kNumGenerations> bound{};
   const auto& specs = all_specs();
   for (size_t g = 0; g < specs.size() && g < by_generation.size(); ++g) {
-    by_generation[g] = estimate(specs[g], cost).total_seconds;
+    bound[g] = bound_split(estimate(specs[g], cost));
+    by_generation[g] = bound[g].total_seconds;
   }
   std::lock_guard<std::mutex> lock(mu_);
+  for (size_t g = 0; g < bound.size(); ++g) {
+    CostBreakdown& t = totals_.bound_by_generation[g];
+    t.mxu_seconds += bound[g].mxu_seconds;
+    t.vpu_seconds += bound[g].vpu_seconds;
+    t.hbm_seconds += bound[g].hbm_seconds;
+    t.overhead_seconds += bound[g].overhead_seconds;
+    t.total_seconds += bound[g].total_seconds;
+  }
   totals_.ops += 1;
   totals_.emulated_ops += cost.emulated ? 1 : 0;
   totals_.flops += cost.flops;

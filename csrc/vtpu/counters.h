@@ -22,6 +22,8 @@ struct CounterSnapshot {
   double host_seconds = 0;  // measured: time stream workers spent running work
   CostBreakdown device;     // estimated, on the chip's own generation
   std::array<double, kNumGenerations> device_seconds_by_generation{};  // all_specs() order
+  // device_seconds_by_generation split by the unit bounding each op (bound_split): parts add up.
+  std::array<CostBreakdown, kNumGenerations> bound_by_generation{};
   // Collectives (tpu_dist): estimated link time, kept apart from device_seconds.
   uint64_t collectives = 0;
   double collective_bytes = 0;  // payload: bytes of the buffers the ops were called with
