@@ -38,6 +38,7 @@
 #include "aten/meta_cache.h"
 #include "aten/op_info.h"
 #include "aten/portability.h"
+#include "aten/region_launch.h"
 #include "exec/compile_cache.h"
 #include "exec/executor.h"
 #include "ir/hash.h"
@@ -223,17 +224,7 @@ struct ErrorContext {
 
 // ------------------------------------------------------------------ flush
 
-// How a region runs: as one call of the executor, or split along the
-// leading dimension of its results into chunks that run on the intra-op
-// threads (the executor runs a region on the calling thread; a TPU's
-// TensorCores work on the whole array at once).
-struct Launch {
-  std::shared_ptr<const exec::CompiledRegion> region;  // whole, or a chunk of `rows` rows
-  std::shared_ptr<const exec::CompiledRegion> last;    // the last chunk, when shorter
-  int64_t n = 0, rows = 0, chunks = 1;
-  std::vector<int> param_dim;  // per parameter: the dimension chunked, or -1 (read whole)
-  bool split() const { return chunks > 1; }
-};
+using Launch = RegionLaunch;
 
 struct RunState {
   Launch launch;
@@ -269,28 +260,7 @@ void run_region(RunState& s) {
     out.push_back(exec::Buffer::contiguous(ptr, o.type.dtype, o.type.shape));
   }
   try {
-    const Launch& l = s.launch;
-    if (!l.split()) {
-      exec::run(*l.region, in, out);
-    } else {
-      at::parallel_for(0, l.chunks, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t k = begin; k < end; ++k) {
-          const int64_t start = k * l.rows;
-          const int64_t rows = std::min(l.rows, l.n - start);
-          auto slice = [&](const exec::Buffer& b, int d) {
-            exec::Buffer c = b;
-            c.strides = b.effective_strides();
-            c.data = static_cast<char*>(b.data) + start * c.strides[d] * ir::element_size(b.dtype);
-            c.shape[d] = rows;
-            return c;
-          };
-          std::vector<exec::Buffer> ci, co;
-          for (size_t i = 0; i < in.size(); ++i) ci.push_back(l.param_dim[i] < 0 ? in[i] : slice(in[i], l.param_dim[i]));
-          for (const auto& b : out) co.push_back(slice(b, 0));
-          exec::run(rows == l.rows ? *l.region : *l.last, ci, co);
-        }
-      });
-    }
+    run_region_launch(s.launch, in, out);
   } catch (const std::exception& e) {
     throw std::runtime_error(s.ctx->describe(e.what()));
   }
@@ -301,122 +271,6 @@ void run_region(RunState& s) {
     at::Tensor src = at::from_blob(o.temp.get(), dst.sizes(), at::TensorOptions().dtype(o.target.dtype));
     dst.copy_(src);
   }
-}
-
-// Cost-model accounting of the region's kernels: the HBM bytes each reads
-// and writes (values kept in tiles cost nothing), one VPU op per element per
-// arithmetic IR op.
-// A split region is priced as the whole: chunk figures times the number of
-// rows over the chunk's, except parameters every chunk reads whole.
-void record_costs(c10::DeviceIndex device, const Launch& l) {
-  const exec::CompiledRegion& c = *l.region;
-  const ir::Graph& g = c.graph();
-  const double scale = l.split() ? static_cast<double>(l.n) / static_cast<double>(l.rows) : 1.0;
-  auto bytes = [&](ValueId v) {
-    const ir::TensorType& t = g.type(v);
-    double b = static_cast<double>(vtpu::physical_bytes(t.shape, ir::element_size(t.dtype)));
-    const ir::Op& op = g.op(v);
-    bool whole = op.kind == ir::OpKind::kParameter && l.split() && l.param_dim[op.attrs.parameter_index] < 0;
-    return whole ? b : b * scale;
-  };
-  for (const auto& k : c.plan().kernels) {
-    vtpu::OpCost cost;
-    for (ValueId v : k.reads) cost.bytes_read += bytes(v);
-    for (ValueId v : k.writes) cost.bytes_written += bytes(v);
-    for (ValueId v : k.ops) {
-      const ir::Op& op = g.op(v);
-      if (op.type.dtype == ir::ElementType::f64) cost.emulated = true;
-      if (op.kind == ir::OpKind::kReduce) {
-        cost.flops += static_cast<double>(g.type(op.operands[0]).numel()) * scale;
-      } else if (ir::is_elementwise(op.kind) && op.kind != ir::OpKind::kConvert) {
-        cost.flops += static_cast<double>(op.type.numel()) * scale;
-      }
-    }
-    chip(device).record_cost(cost);
-  }
-}
-
-// TORCH_TPU_DEFER_SPLIT_ELEMENTS: results of at least this many elements
-// are computed in chunks on the intra-op threads (262144; 0 turns it off).
-int64_t split_elements() {
-  static const int64_t n = [] {
-    const char* v = std::getenv("TORCH_TPU_DEFER_SPLIT_ELEMENTS");
-    if (v && std::string(v) == "0") return int64_t{0};
-    return env_int("TORCH_TPU_DEFER_SPLIT_ELEMENTS", int64_t{1} << 18);
-  }();
-  return n;
-}
-
-// Per value of `g`, the dimension along which it can be computed in chunks
-// of its results' leading dimension (-1: needed whole), or an empty vector
-// when the region cannot be split (a reshape, results of other lengths, a
-// value needed both ways).
-std::vector<int> split_dims(const ir::Graph& g, int64_t n) {
-  const int kUnset = -2;
-  std::vector<int> dim(static_cast<size_t>(g.num_ops()), kUnset);
-  auto merge = [&](ValueId u, int d) {
-    if (dim[u] == kUnset) dim[u] = d;
-    return dim[u] == d;
-  };
-  for (ValueId o : g.outputs()) {
-    const ir::TensorType& t = g.type(o);
-    if (t.rank() == 0 || t.shape[0] != n || !merge(o, 0)) return {};
-  }
-  for (ValueId v = static_cast<ValueId>(g.num_ops()) - 1; v >= 0; --v) {
-    const int d = dim[v];
-    if (d == kUnset) continue;
-    const ir::Op& op = g.op(v);
-    if (op.kind == ir::OpKind::kParameter || op.kind == ir::OpKind::kConstant) continue;
-    if (op.kind == ir::OpKind::kReshape) {
-      if (d >= 0 || !merge(op.operands[0], -1)) return {};
-    } else if (op.kind == ir::OpKind::kBroadcastInDim) {
-      const ValueId u = op.operands[0];
-      int req = -1;
-      for (size_t i = 0; i < op.attrs.dimensions.size() && d >= 0; ++i) {
-        if (op.attrs.dimensions[i] == d && g.type(u).shape[i] == op.type.shape[d]) req = static_cast<int>(i);
-      }
-      if (!merge(u, req)) return {};
-    } else if (op.kind == ir::OpKind::kReduce) {
-      const ValueId u = op.operands[0];
-      int req = -1;
-      if (d >= 0) {
-        int kept = -1;
-        for (int64_t i = 0; i < g.type(u).rank(); ++i) {
-          if (std::binary_search(op.attrs.dimensions.begin(), op.attrs.dimensions.end(), i)) continue;
-          if (++kept == d) req = static_cast<int>(i);
-        }
-      }
-      if (!merge(u, req)) return {};
-    } else {
-      for (ValueId u : op.operands)
-        if (!merge(u, d)) return {};
-    }
-  }
-  for (int& d : dim)
-    if (d == kUnset) d = -1;
-  return dim;
-}
-
-ir::Graph with_rows(const ir::Graph& g, const std::vector<int>& dim, int64_t rows) {
-  ir::Graph out;
-  for (ValueId v = 0; v < g.num_ops(); ++v) {
-    const ir::Op& op = g.op(v);
-    ir::TensorType t = op.type;
-    if (dim[v] >= 0) t.shape[dim[v]] = rows;
-    out.add_op(op.kind, op.operands, std::move(t), op.attrs);
-  }
-  out.set_outputs(g.outputs());
-  return out;
-}
-
-std::shared_ptr<const exec::CompiledRegion> compile_cached(const ir::Graph& g, bool* miss) {
-  static std::mutex mu;  // so that the miss counter's delta is ours
-  std::lock_guard<std::mutex> lock(mu);
-  auto& cache = exec::CompileCache::global();
-  const uint64_t before = cache.stats().misses;
-  auto r = cache.get_or_compile(g);
-  *miss = cache.stats().misses != before;
-  return r;
 }
 
 void dump_region(const ir::Graph& recorded, const Launch& l, const ErrorContext& ctx) {
@@ -469,74 +323,6 @@ void store_scalar(const ir::Scalar& v, ir::ElementType t, uint64_t* slot) {
   }
 }
 
-// Values computed on a reduced shape (mean = sum / n, rsqrt(var + eps), ...)
-// that reach a much larger kernel through broadcast_in_dim. The fusion
-// planner recomputes such values at every element of the consumer; made
-// outputs, they are computed once per row instead. Only per-row values
-// (leading dimension that of the results) qualify, so a split still works.
-std::vector<ValueId> row_statistics(const ir::Graph& g) {
-  std::vector<ValueId> extra;
-  if (g.outputs().empty() || g.type(g.outputs()[0]).rank() == 0) return extra;
-  const int64_t n = g.type(g.outputs()[0]).shape[0];
-  std::vector<char> live(static_cast<size_t>(g.num_ops()), 0), is_out(live.size(), 0);
-  for (ValueId o : g.outputs()) live[o] = is_out[o] = 1;
-  for (ValueId v = static_cast<ValueId>(g.num_ops()) - 1; v >= 0; --v) {
-    if (!live[v]) continue;
-    for (ValueId u : g.op(v).operands) live[u] = 1;
-  }
-  for (ValueId v = 0; v < g.num_ops(); ++v) {
-    const ir::Op& op = g.op(v);
-    if (!live[v] || op.kind != ir::OpKind::kBroadcastInDim) continue;
-    ValueId u = op.operands[0];
-    while (g.op(u).kind == ir::OpKind::kBroadcastInDim &&  // keepdim's size-1 dimensions
-           g.type(g.op(u).operands[0]).numel() == g.type(u).numel()) {
-      u = g.op(u).operands[0];
-    }
-    const ir::Op& uo = g.op(u);
-    const ir::TensorType& ut = uo.type;
-    if (is_out[u] || !ir::is_elementwise(uo.kind) || ut.rank() == 0 || ut.shape[0] != n ||
-        op.type.numel() < 8 * ut.numel()) {
-      continue;
-    }
-    is_out[u] = 1;
-    extra.push_back(u);
-  }
-  return extra;
-}
-
-// The compiled form of a region: whole, or in chunks when its results are
-// large and the host has threads to spare.
-Launch plan_launch(const ir::Graph& g, bool* miss) {
-  Launch l;
-  const int threads = at::get_num_threads();
-  const ir::TensorType& first = g.type(g.outputs().at(0));
-  if (threads > 1 && split_elements() > 0 && first.rank() > 0 && first.numel() >= split_elements() &&
-      first.shape[0] > 1) {
-    const int64_t n = first.shape[0];
-    ir::Graph live = ir::dead_code_elimination(g);
-    std::vector<int> dim = split_dims(live, n);
-    if (!dim.empty()) {
-      const int64_t per_row = first.numel() / n;
-      const int64_t min_rows = std::max<int64_t>(1, (split_elements() / 4 + per_row - 1) / per_row);
-      const int64_t chunks = std::min<int64_t>(threads, n / min_rows);
-      if (chunks > 1) {
-        l.n = n;
-        l.rows = (n + chunks - 1) / chunks;
-        l.chunks = (n + l.rows - 1) / l.rows;
-        for (ValueId p : live.parameters()) l.param_dim.push_back(dim[p]);
-        bool miss_last = false;
-        l.region = compile_cached(with_rows(live, dim, l.rows), miss);
-        const int64_t last_rows = n - l.rows * (l.chunks - 1);
-        l.last = last_rows == l.rows ? l.region : compile_cached(with_rows(live, dim, last_rows), &miss_last);
-        *miss = *miss || miss_last;
-        return l;
-      }
-    }
-  }
-  l.region = compile_cached(g, miss);
-  return l;
-}
-
 struct InFlush {
   InFlush() { ++tls_in_flush; }
   ~InFlush() { --tls_in_flush; }
@@ -584,7 +370,7 @@ void flush_locked(ChipState& cs, Reason why) {
         ctx->graph.set_outputs(values);
       }
       try {
-        launch = plan_launch(ctx->graph, &miss);
+        launch = plan_region_launch(ctx->graph, &miss);
       } catch (const std::exception& e) {
         compile_error = ctx->describe(e.what());
       }
@@ -675,7 +461,7 @@ void flush_locked(ChipState& cs, Reason why) {
       stream.enqueue(k >= 0 ? *ctx->ops[k].label : std::string("defer_and_fuse region"),
                      [msg = compile_error] { throw std::runtime_error(msg); });
     } else {
-      record_costs(r->device, launch);
+      record_region_costs(r->device, launch);
       if (!dump_dir().empty()) dump_region(ctx->graph, launch, *ctx);
       stream.enqueue_named("defer_and_fuse region", [run] { run_region(*run); });
     }

@@ -1,0 +1,61 @@
+// Running compiled IR regions on a chip, shared by defer_and_fuse
+// (defer_region.cc) and torch.compile programs (compile_bindings.cc): compile
+// through the process-wide CompileCache, split large regions into row chunks
+// for the intra-op threads, price the kernels in the cost model, and queue a
+// region over tpu tensors on the chip's stream.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "exec/buffer.h"
+#include "exec/executor.h"
+#include "ir/graph.h"
+
+namespace torch_tpu {
+
+// How a region runs: as one call of the executor, or split along the
+// leading dimension of its results into chunks that run on the intra-op
+// threads (the executor runs a region on the calling thread; a TPU's
+// TensorCores work on the whole array at once).
+struct RegionLaunch {
+  std::shared_ptr<const exec::CompiledRegion> region;  // whole, or a chunk of `rows` rows
+  std::shared_ptr<const exec::CompiledRegion> last;    // the last chunk, when shorter
+  int64_t n = 0, rows = 0, chunks = 1;
+  std::vector<int> param_dim;  // per parameter: the dimension chunked, or -1 (read whole)
+  std::vector<ir::TensorType> input_types, output_types;  // of the whole region
+  bool split() const { return chunks > 1; }
+};
+
+// The compiled form of `g` (CompileCache::global()): whole, or in chunks when
+// its results are large (TORCH_TPU_DEFER_SPLIT_ELEMENTS) and the host has
+// threads to spare. *miss: whether anything was compiled (not cached).
+// Throws std::invalid_argument naming the op when the graph is malformed.
+RegionLaunch plan_region_launch(const ir::Graph& g, bool* miss);
+
+// Runs the launch on the calling thread (chunks on the intra-op threads).
+void run_region_launch(const RegionLaunch& l, const std::vector<exec::Buffer>& in,
+                       const std::vector<exec::Buffer>& out);
+
+// Cost-model accounting of the launch's kernels on `device`.
+void record_region_costs(c10::DeviceIndex device, const RegionLaunch& l);
+
+// Values computed on a reduced shape (mean, rsqrt(var + eps), ...) that reach a
+// much larger kernel through broadcast_in_dim: made extra outputs, they are
+// computed once per row instead of at every element of the consumer.
+std::vector<ir::ValueId> row_statistics(const ir::Graph& g);
+
+// Queues `l` on the current stream of `device`: inputs[k] is parameter k (tpu
+// tensors of the parameter types, any strides), outputs[j] receives output j
+// (contiguous tpu tensors); outputs beyond outputs.size() go to per-run host
+// scratch (row statistics). Storages stay alive until the work ran. Errors are
+// sticky on the stream, named `name`.
+void enqueue_region(const RegionLaunch& l, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
+                    const std::vector<at::Tensor>& outputs, std::string name);
+
+}  // namespace torch_tpu
