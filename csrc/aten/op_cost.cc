@@ -115,6 +115,22 @@ vtpu::OpCost op_cost(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValu
       return c;
     }
   }
+  if (name == "aten::_scaled_dot_product_flash_attention_for_cpu" ||
+      name == "aten::_scaled_dot_product_flash_attention_for_cpu_backward") {
+    // Fused attention: the T x S scores stay on chip (VMEM); FLOPs as flop_counter's
+    // sdpa_flop_count: forward QK^T and PV 4·B·H·T·S·D, backward 8·B·H·T·S·D (causal not halved).
+    const bool backward = name.size() > 9 && name.compare(name.size() - 9, 9, "_backward") == 0;
+    const at::Tensor* q = tensor_arg(args, backward ? 1 : 0);
+    const at::Tensor* k = tensor_arg(args, backward ? 2 : 1);
+    if (q && k && q->dim() == 4 && k->dim() == 4) {
+      const int64_t b = q->size(0), h = q->size(1), t = q->size(2), d = q->size(3), s = k->size(2);
+      c.mxu = true;
+      c.m = t, c.k = d, c.n = s;
+      c.flops = (backward ? 8.0 : 4.0) * b * h * t * s * d;
+      c.passes = passes_for(q->scalar_type(), precision);
+      return c;
+    }
+  }
   if (name == "aten::convolution" || name == "aten::convolution_backward") {
     const bool backward = name == "aten::convolution_backward";
     // convolution(input, weight, bias, stride, padding, dilation, transposed, ...)
