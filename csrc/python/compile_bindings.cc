@@ -4,6 +4,7 @@
 // StableHLO, serialized as plain op records for the disk cache, compiled
 // through the process-wide CompileCache and queued on the chip's stream over
 // tpu tensors (region_launch.h).
+#include <ATen/ScalarOps.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <pybind11/pybind11.h>
@@ -109,6 +110,18 @@ class Region {
           o.kind = defer::Operand::Kind::kTensor;
           o.value = v;
           o.tensor = ivalues[i].toTensor();
+        } else if (arg.real_type()->kind() == c10::TypeKind::TensorType &&
+                   (py::isinstance<py::float_>(obj) || py::isinstance<py::int_>(obj))) {
+          // A Python number where ATen takes a Tensor: a wrapped number, as eager passes it.
+          const c10::Scalar sc = py::isinstance<py::bool_>(obj) ? c10::Scalar(obj.cast<bool>())
+                                 : py::isinstance<py::int_>(obj) ? c10::Scalar(obj.cast<int64_t>())
+                                                                 : c10::Scalar(obj.cast<double>());
+          at::Tensor w = c10::scalar_to_tensor(sc);
+          w.unsafeGetTensorImpl()->set_wrapped_number(true);
+          ivalues[i] = w;
+          o.kind = defer::Operand::Kind::kScalar;
+          o.tensor = w;
+          o.scalar = sc;
         } else if (!obj || obj.is_none()) {
           if (!obj && arg.default_value()) ivalues[i] = *arg.default_value();
         } else {
@@ -116,6 +129,7 @@ class Region {
         }
         o.ivalue = &ivalues[i];
         const c10::IValue& v = ivalues[i];
+        if (o.kind == defer::Operand::Kind::kScalar) continue;
         if (o.kind == defer::Operand::Kind::kOther && (v.isDouble() || v.isInt() || v.isBool())) {
           o.kind = defer::Operand::Kind::kScalar;
           o.scalar = v.toScalar();

@@ -17,14 +17,50 @@ _registered = False
 
 
 def _decompositions():
-    """Core ATen decompositions, plus ones that let normalization fuse (layer norm
-    forward becomes mean/var elementwise work the IR lowers)."""
+    """Core ATen decompositions, plus ones that let normalization fuse (layer and
+    batch norm forward become reductions and elementwise work the IR lowers)."""
     from torch._decomp import core_aten_decompositions, get_decompositions
 
     table = dict(core_aten_decompositions())
     aten = torch.ops.aten
-    table.update(get_decompositions([aten.native_layer_norm]))
+    table.update(get_decompositions([
+        aten.native_layer_norm, aten._native_batch_norm_legit_functional,
+        aten._native_batch_norm_legit_no_training,
+    ]))
+    # PyTorch's own var/var_mean decompositions go through prims; these stay in ATen ops the IR lowers
+    table[aten.var_mean.correction] = _var_mean
+    table[aten.var.correction] = _var
     return table
+
+
+def _reduced(x, dim):
+    dims = list(range(x.dim())) if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0) else (
+        [dim] if isinstance(dim, int) else list(dim))
+    dims = [d % max(x.dim(), 1) for d in dims]
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    return dims, n
+
+
+def _var_impl(x, dim, correction, keepdim):
+    aten = torch.ops.aten
+    dims, n = _reduced(x, dim)
+    c = 1 if correction is None else correction
+    mean_k = aten.mean.dim(x, dims, True)
+    diff = aten.sub.Tensor(x, mean_k)
+    var = aten.div.Tensor(aten.sum.dim_IntList(aten.mul.Tensor(diff, diff), dims, keepdim), max(n - c, 0))
+    return var, dims, mean_k
+
+
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    var, dims, mean_k = _var_impl(x, dim, correction, keepdim)
+    mean = mean_k if keepdim else torch.ops.aten.mean.dim(x, dims, False)
+    return var, mean
+
+
+def _var(x, dim=None, *, correction=None, keepdim=False):
+    return _var_impl(x, dim, correction, keepdim)[0]
 
 
 def _has_symbolic_inputs(example_inputs: Sequence) -> bool:
