@@ -198,7 +198,8 @@ std::vector<at::Tensor> result_tensors(const std::vector<IValue>& results) {
 void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpInfo& info) {
   const auto& schema = op.schema();
   const std::string& label = info.label;
-  if (!info.returns_only_tensors || info.no_meta.load(std::memory_order_relaxed)) {
+  const bool meta_anyway = info.meta_disagrees && dry_run();  // no CPU results to take shapes from
+  if (!info.returns_only_tensors || (info.no_meta.load(std::memory_order_relaxed) && !meta_anyway)) {
     run_now(op, stack, label);
     return;
   }

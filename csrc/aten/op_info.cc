@@ -79,7 +79,7 @@ OpInfo* build(const c10::OperatorHandle& op) {
       "aten::_batch_norm_no_update", "aten::huber_loss", "aten::binary_cross_entropy",
       "aten::_embedding_bag", "aten::_embedding_bag_forward_only", "aten::max_unpool2d",
       "aten::max_unpool3d"};
-  if (meta_disagrees.count(schema.name())) info->no_meta = true;
+  if (meta_disagrees.count(schema.name())) info->no_meta = info->meta_disagrees = true;
   info->out_variant = find_out_variant(op);
   return info;
 }

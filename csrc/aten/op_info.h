@@ -31,6 +31,9 @@ struct OpInfo {
   std::optional<c10::OperatorHandle> out_variant;
   // Learned on first use: no meta kernel, so the op runs synchronously.
   mutable std::atomic<bool> no_meta{false};
+  // Its meta kernel exists but disagrees with the CPU kernel (so no_meta is set): a dry
+  // run, which has no CPU results, still takes shapes from it.
+  bool meta_disagrees = false;
 };
 
 // Thread-safe; the reference stays valid for the life of the process.
