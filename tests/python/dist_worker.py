@@ -373,10 +373,13 @@ def battery(dev):
 
 def scenario_collectives():
     dev = init()
+    import torch_tpu.distributed
+
+    direct = torch_tpu.distributed.direct_reads()
     checks = battery(dev)
     torch.tpu.synchronize()
     dist.destroy_process_group()
-    write({"checks": checks})
+    write({"checks": checks, "direct_reads": direct})
 
 
 # ------------------------------------------------------------------ DDP
