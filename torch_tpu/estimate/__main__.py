@@ -1,0 +1,201 @@
+"""python -m torch_tpu.estimate: dry-run estimate of one training step per chip.
+
+Examples::
+
+    python -m torch_tpu.estimate --model llama3-8b --topology v5p-256 --fsdp 128
+    python -m torch_tpu.estimate --model llama3-70b --topology v5p-1024 --remat
+    python -m torch_tpu.estimate --model llama --config '{"n_layers": 4, "d_model": 1024}' --batch 8
+    python -m torch_tpu.estimate --model gpt-small --topology v6e-1 --batch 16 --seq-len 128
+    python -m torch_tpu.estimate --model mypkg.models:build --model-kwargs '{"width": 512}'
+
+The process re-executes itself once with ``TORCH_TPU_TOPOLOGY`` (the slice) and
+``TORCH_TPU_HBM_BYTES`` (raised so that any per-chip share can be allocated; whether it fits
+is then checked against each generation's HBM). Output: a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import List, Optional
+
+_MARK = "TORCH_TPU_ESTIMATE_CHILD"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m torch_tpu.estimate",
+                                description="Dry-run estimate of one training step per chip: HBM peak and fit, "
+                                            "step time split into MXU / VPU / HBM / ICI / DCN, tokens/s, MFU.")
+    p.add_argument("--model", default="gpt-small",
+                   help="llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama3-405b, llama-tiny, "
+                        "llama (flags / --config), gpt-tiny / gpt-small / gpt-base (the demo's GPT), "
+                        "or package.module:factory")
+    p.add_argument("--config", help="Llama config as JSON text or a JSON file (Hugging Face config.json keys work)")
+    p.add_argument("--model-kwargs", help="JSON object of keyword arguments for a factory")
+    for name, help_ in (("vocab-size", "vocabulary"), ("n-layers", "decoder layers"), ("d-model", "width"),
+                        ("n-heads", "attention heads"), ("n-kv-heads", "key/value heads"),
+                        ("ffn-dim", "MLP width")):
+        p.add_argument(f"--{name}", type=int, help=f"Llama: {help_}")
+    p.add_argument("--batch", type=int, help="global batch in sequences per step")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence")
+    p.add_argument("--topology", default=os.environ.get("TORCH_TPU_TOPOLOGY") or "v6e-8",
+                   help="slice, as TORCH_TPU_TOPOLOGY accepts it (v5e-256, v6e-256, v5p-1024 = 512 chips, "
+                        "tpu7x-64, v5p:8x8x8, ...)")
+    p.add_argument("--slices", type=int, default=1, help="slices joined over DCN (multislice); dp spans them")
+    p.add_argument("--dp", type=int, help="data-parallel size (default: what is left after fsdp and tp)")
+    p.add_argument("--fsdp", type=int, help="FSDP size (default: every chip left after dp and tp)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (Llama only)")
+    p.add_argument("--attention", choices=("flash", "math"), default="flash",
+                   help="flash: fused kernel (scores stay on chip); math: PyTorch's math path (T x T in HBM)")
+    p.add_argument("--remat", action="store_true", help="activation checkpointing of every layer")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16 autocast or fp32")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="do not overlap FSDP / DP collectives with compute (they add to the step)")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the step-time breakdown across generations")
+    return p
+
+
+def _sizes(args, chips: int):
+    """dp, fsdp, tp with the defaults filled in; ValueError when they cannot be."""
+    from .parallel import Parallelism
+
+    tp = args.tp
+    if tp is None or tp < 1 or chips % tp:
+        raise ValueError(f"--tp {tp} does not divide the {chips} chips")
+    dp, fsdp = args.dp, args.fsdp
+    if dp is None and fsdp is None:
+        dp = args.slices
+        fsdp = chips // tp // dp if (chips // tp) % dp == 0 else None
+        if fsdp is None:
+            raise ValueError(f"{chips} chips / tp {tp} do not split over {args.slices} slices")
+    elif dp is None:
+        if fsdp < 1 or (chips // tp) % fsdp or chips % (tp * fsdp):
+            raise ValueError(f"fsdp {fsdp} x tp {tp} does not divide the {chips} chips")
+        dp = chips // (tp * fsdp)
+    elif fsdp is None:
+        if dp < 1 or chips % (tp * dp):
+            raise ValueError(f"dp {dp} x tp {tp} does not divide the {chips} chips")
+        fsdp = chips // (tp * dp)
+    return Parallelism(dp=dp, fsdp=fsdp, tp=tp, slices=args.slices)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def format_table(r: dict) -> str:
+    """The readable report: configuration, memory, then one row per generation."""
+    par = r["parallelism"]
+    lines = [
+        f"{r['model']}: {r['params'] / 1e9:.2f} B parameters, global batch {r['global_batch']} x "
+        f"{r['seq_len']} tokens; {r['chips']} chips ({r['topology']} x {par['slices']} slice(s)), "
+        f"dp {par['dp']} x fsdp {par['fsdp']} x tp {par['tp']}; per chip: batch {r['local_batch']}, "
+        f"{r['per_chip_params'] / 1e6:.1f} M parameter elements held, {r['ops_per_chip']} ops, "
+        f"{r['counted_flops_per_chip'] / 1e12:.2f} TFLOP counted",
+        f"HBM peak per chip: {_fmt_bytes(r['hbm_peak_bytes'])} physical "
+        f"(reserved {_fmt_bytes(r['hbm_reserved_peak_bytes'])})",
+        "per chip, estimated (cost model; ms per step):",
+        f"  {'gen':<6} {'step':>9} {'MXU':>9} {'VPU':>8} {'HBM':>8} {'ovh':>7} {'ICI':>8} {'DCN':>8} "
+        f"{'tok/s/chip':>11} {'MFU':>6} {'HBM/chip':>10}  fits",
+    ]
+    for g, e in r["by_generation"].items():
+        b = e["breakdown_s"]
+        mark = " (chosen)" if g == r["generation"] else ""
+        lines.append(
+            f"  {g:<6} {e['step_time_s'] * 1e3:>9.1f} {b['mxu'] * 1e3:>9.1f} {b['vpu'] * 1e3:>8.1f} "
+            f"{b['hbm'] * 1e3:>8.1f} {b['overhead'] * 1e3:>7.1f} {e['ici_s'] * 1e3:>8.1f} {e['dcn_s'] * 1e3:>8.1f} "
+            f"{e['tokens_per_s_per_chip']:>11.0f} {100 * e['mfu']:>5.1f}% {_fmt_bytes(e['hbm_bytes']):>10}  "
+            f"{'yes' if e['fits'] else 'NO'}{mark}")
+    lines.append("  (MXU/VPU/HBM/ovh: compute time by the unit bounding each op; ICI/DCN: all collective time, "
+                 + ("of which FSDP/DP traffic overlaps compute" if r["overlap"] else "serial") + ")")
+    for key, c in r["collectives"].items():
+        lines.append(f"  {key:<22} x{c['count']:<5} {_fmt_bytes(c['payload_bytes']):>11} payload, "
+                     f"{_fmt_bytes(c['ici_bytes']):>11} ICI, {_fmt_bytes(c['dcn_bytes']):>11} DCN, {c['links']} link(s)")
+    lines.append(f"dry run: {r['dry_run_wall_s']:.1f} s wall, host memory grew {_fmt_bytes(r['host_rss_growth_bytes'])}")
+    return "\n".join(lines)
+
+
+def plot(r: dict, path: str) -> None:
+    """Stacked bars of step time per generation (MXU, VPU, HBM, overhead, exposed ICI, DCN)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gens = list(r["by_generation"])
+    parts = ("mxu", "vpu", "hbm", "overhead", "ici", "dcn")
+    labels = {"mxu": "MXU-bound", "vpu": "VPU-bound", "hbm": "HBM-bound", "overhead": "launch overhead",
+              "ici": "ICI (exposed)", "dcn": "DCN (exposed)"}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(gens)
+    for part in parts:
+        vals = [r["by_generation"][g]["breakdown_s"][part] * 1e3 for g in gens]
+        ax.bar(gens, vals, bottom=bottom, label=labels[part])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, g in enumerate(gens):
+        e = r["by_generation"][g]
+        ax.text(i, bottom[i], f"MFU {100 * e['mfu']:.0f}%" + ("" if e["fits"] else "\nno fit"),
+                ha="center", va="bottom", fontsize=8)
+    par = r["parallelism"]
+    ax.set_ylabel("estimated step time per chip (ms)")
+    ax.set_title(f"{r['model']} on {r['chips']} chips (dp {par['dp']}, fsdp {par['fsdp']}, tp {par['tp']}), "
+                 f"batch {r['global_batch']}x{r['seq_len']}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    from .. import _C
+    from .core import DRY_RUN_HBM, check_plan, model_spec
+
+    # Everything is checked before any work (and before re-executing).
+    try:
+        name, _, slice_chips, _ = _C._parse_topology(args.topology)
+        if args.slices < 1:
+            raise ValueError(f"--slices must be at least 1, got {args.slices}")
+        par = _sizes(args, slice_chips * args.slices)
+        kwargs = json.loads(args.model_kwargs) if args.model_kwargs else None
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise ValueError("--model-kwargs must be a JSON object")
+        spec = model_spec(args.model, config_json=args.config, batch=args.batch, seq_len=args.seq_len,
+                          factory_kwargs=kwargs, vocab_size=args.vocab_size, n_layers=args.n_layers,
+                          d_model=args.d_model, n_heads=args.n_heads, n_kv_heads=args.n_kv_heads,
+                          ffn_dim=args.ffn_dim) if ":" not in args.model and not args.model.startswith("gpt-") \
+            else model_spec(args.model, batch=args.batch, seq_len=args.seq_len, factory_kwargs=kwargs)
+        check_plan(spec, par, slice_chips)
+        if args.plot:
+            import matplotlib  # noqa: F401  (fail now, not after the run)
+    except (ValueError, json.JSONDecodeError, ImportError) as e:
+        raise SystemExit(f"torch_tpu.estimate: error: {e}")
+
+    if os.environ.get(_MARK) != "1":
+        env = dict(os.environ, TORCH_TPU_TOPOLOGY=args.topology, TORCH_TPU_HBM_BYTES=DRY_RUN_HBM, **{_MARK: "1"})
+        for k in ("TPU_VISIBLE_CHIPS", "TORCH_TPU_HOST_ID"):
+            env.pop(k, None)
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, "-m", "torch_tpu.estimate", *argv], env)
+
+    from .core import report, run
+
+    raw = run(spec, par, attention=args.attention, remat=args.remat, dtype=args.dtype)
+    r = report(spec, par, raw, topology=name, overlap=not args.no_overlap)
+    print(format_table(r))
+    if args.plot:
+        plot(r, args.plot)
+        print(f"plot written to {args.plot}")
+    print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""One chip's share of a data / fully-sharded / tensor-parallel training step, on one process.
+
+The estimator runs the per-chip model of chip 0 of the slice. Parallelism changes what that
+chip holds and computes, and adds the collectives the chip would take part in:
+
+- **DP** (``dp``): the chip sees batch / (dp · fsdp) sequences; gradients are all-reduced over
+  the dp group after backward (one all-reduce per FSDP unit, i.e. per layer bucket).
+- **FSDP** (``fsdp``): the parameters of each unit (each element of every ``nn.ModuleList``,
+  e.g. a decoder layer, plus a root unit with the rest) live as one flat float32 shard of
+  1/fsdp of the unit's elements; before the unit's forward the full unit is gathered into a
+  bf16 buffer that is *allocated in HBM* (so peak memory is exact), freed after the forward
+  (storage resized to 0, as FSDP2 does), gathered again before its backward, and its gradient
+  is reduce-scattered into a float32 shard gradient. Gradients and AdamW state are therefore
+  1/fsdp too. The root unit stays gathered from its forward to its backward.
+- **TP** (``tp``): Megatron-style, through the model (``models.Llama``): heads, MLP width and
+  vocabulary / tp per chip, all-reduces at Megatron's f / g operators.
+- **Slices** (``slices``): several slices joined by the data-centre network; the dp axis spans
+  them (dp must be a multiple of slices) and its all-reduce is hierarchical, as tpu_dist's:
+  reduce-scatter inside the slice, all-reduce of the shard across slices (DCN), all-gather.
+
+Collectives are priced with tpu_dist's own ring formulas (``_C._ring_cost``, from
+csrc/distributed/collectives.cc), over as many ICI links as tpu_dist would drive for the
+group's chips (``ring_links``, groups laid out by ``topology_aware_mesh``), and recorded in
+the chip's counters (``_C._record_collective``) exactly as a real collective is.
+Inside a slice all traffic is ICI: a Cloud TPU slice is one ICI domain across its hosts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from .. import _C
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """Sizes of the parallel axes; ``dp * fsdp * tp`` must equal the chips of all slices."""
+
+    dp: int = 1
+    fsdp: int = 1
+    tp: int = 1
+    slices: int = 1
+
+    @property
+    def chips(self) -> int:
+        return self.dp * self.fsdp * self.tp
+
+    @property
+    def data_parallel(self) -> int:
+        """Ways the batch is split: dp · fsdp."""
+        return self.dp * self.fsdp
+
+
+def _group_chips(par: Parallelism, slice_chips: int) -> Dict[str, List[int]]:
+    """Global chip ids (in slice 0) of chip 0's tp, fsdp and dp groups: mesh
+    (dp / slices, fsdp, tp) laid out by ``topology_aware_mesh`` (tp innermost)."""
+    from ..distributed.mesh import rank_chips, topology_aware_mesh
+
+    shape = (par.dp // par.slices, par.fsdp, par.tp)
+    try:
+        mesh = topology_aware_mesh(shape, world_size=slice_chips)
+    except ValueError:
+        mesh = torch.arange(slice_chips).view(shape)  # does not factor onto the torus: rank order
+    chips = rank_chips(slice_chips)
+    return {"tp": [chips[int(r)] for r in mesh[0, 0, :]],
+            "fsdp": [chips[int(r)] for r in mesh[0, :, 0]],
+            "dp": [chips[int(r)] for r in mesh[:, 0, 0]]}
+
+
+class Collectives:
+    """Prices chip 0's collectives into tpu:``device``'s counters and keeps a tally.
+
+    ``tally[(op, axis)] = [count, payload_bytes, ici_bytes, dcn_bytes, ici_steps]``.
+    """
+
+    def __init__(self, par: Parallelism, slice_chips: int, device: int = 0):
+        self.par = par
+        self.device = device
+        self.groups = _group_chips(par, slice_chips)
+        self.links = {axis: _C._tpu_dist_ring_links(chips) if len(chips) > 1 else 1
+                      for axis, chips in self.groups.items()}
+        self.tally: Dict[Tuple[str, str], List[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0])
+
+    def size(self, axis: str) -> int:
+        return {"tp": self.par.tp, "fsdp": self.par.fsdp, "dp": self.par.dp}[axis]
+
+    def price(self, op: str, axis: str, payload_bytes: float) -> None:
+        """One collective ``op`` (all_reduce, all_gather, reduce_scatter) over chip 0's
+        ``axis`` group; ``payload_bytes`` as tpu_dist counts it (the buffer the op is called
+        with; for all_gather / reduce_scatter the whole n-rank buffer)."""
+        n = self.size(axis)
+        if n <= 1:
+            return
+        hosts = self.par.slices if axis == "dp" else 1
+        local = n // hosts
+        ici = dcn = 0.0
+        steps = 0
+        if hosts == 1:
+            c = _C._ring_cost(op, n, float(payload_bytes))
+            ici, steps = c["ici_bytes"], c["ici_steps"]
+        else:
+            # tpu_dist's hierarchical all_reduce (csrc/distributed/hierarchy.cc): local
+            # reduce-scatter, all-reduce of the 1/local shard across slices, local all-gather.
+            if op != "all_reduce":
+                raise NotImplementedError(f"{op} across slices is not modelled")
+            if local > 1:
+                for part in ("reduce_scatter", "all_gather"):
+                    c = _C._ring_cost(part, local, float(payload_bytes))
+                    ici += c["ici_bytes"]
+                    steps += c["ici_steps"]
+            dcn = _C._ring_cost("all_reduce", hosts, float(payload_bytes) / local)["ici_bytes"]
+        _C._record_collective(self.device, float(payload_bytes), ici, self.links[axis], steps, dcn)
+        t = self.tally[(op, axis)]
+        t[0] += 1
+        t[1] += payload_bytes
+        t[2] += ici
+        t[3] += dcn
+        t[4] += steps
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class _TPCopy(torch.autograd.Function):
+    """Megatron's f: identity forward, all-reduce of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, coll):
+        ctx.coll = coll
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.coll.price("all_reduce", "tp", _nbytes(g))
+        return g, None
+
+
+class _TPReduce(torch.autograd.Function):
+    """Megatron's g: all-reduce forward (in place), identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, coll):
+        coll.price("all_reduce", "tp", _nbytes(x))
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def tp_hooks(coll: Collectives):
+    """``models.TPHooks`` pricing Megatron's all-reduces on ``coll`` (identity for tp = 1)."""
+    from .models import TPHooks
+
+    if coll.par.tp == 1:
+        return TPHooks()
+    return TPHooks(copy=lambda x: _TPCopy.apply(x, coll), reduce=lambda x: _TPReduce.apply(x, coll))
+
+
+class _Gather(torch.autograd.Function):
+    """All-gather of a unit's flat shard into one compute-dtype buffer, returned as one view
+    per parameter (forward); reduce-scatter of the parameters' gradients into a float32
+    shard gradient (backward)."""
+
+    @staticmethod
+    def forward(ctx, shard, unit):
+        ctx.unit = unit
+        full = unit.gather(shard)
+        return tuple(full[off:off + math.prod(shape)].view(shape) for off, shape in unit.unique)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return ctx.unit.reduce_grad(grads), None
+
+
+class FSDPUnit:
+    """FSDP2-style sharding of the parameters ``module`` holds directly or through
+    submodules that are not units themselves (``skip``). See the module docstring."""
+
+    def __init__(self, name: str, module: nn.Module, skip: List[nn.Module], coll: Collectives,
+                 compute_dtype: torch.dtype, reshard_after_forward: bool):
+        self.name = name
+        self.module = module
+        self.coll = coll
+        self.dtype = compute_dtype
+        self.reshard = reshard_after_forward
+        self.full: Optional[torch.Tensor] = None
+        skip_ids = {id(m) for m in skip}
+        self.entries: List[Tuple[nn.Module, str, int]] = []  # owner, name, index in unique
+        self.unique: List[Tuple[int, torch.Size]] = []       # (offset, shape) per distinct parameter
+        index: Dict[int, int] = {}
+        total = 0
+        stack = [module]
+        while stack:
+            mod = stack.pop()
+            for pname, p in list(mod._parameters.items()):
+                if p is None:
+                    continue
+                if id(p) not in index:  # tied parameters share their elements
+                    index[id(p)] = len(self.unique)
+                    self.unique.append((total, p.shape))
+                    total += p.numel()
+                self.entries.append((mod, pname, index[id(p)]))
+            stack.extend(c for c in mod.children() if id(c) not in skip_ids)
+        self.total = total
+        self.shard_numel = -(-total // coll.par.fsdp)
+        for mod, pname, _ in self.entries:
+            if pname in mod._parameters:
+                del mod._parameters[pname]
+            object.__setattr__(mod, pname, None)
+        self.attr = f"_fsdp_shard_{name.replace('.', '_')}"
+        module.register_parameter(self.attr, nn.Parameter(torch.empty(self.shard_numel, dtype=torch.float32,
+                                                                      device="meta")))
+        module.register_forward_pre_hook(self._pre_forward)
+        module.register_forward_hook(self._post_forward)
+
+    def shard(self) -> nn.Parameter:
+        return getattr(self.module, self.attr)
+
+    # -- forward ---------------------------------------------------------------------------
+    def gather(self, shard: torch.Tensor) -> torch.Tensor:
+        """The all-gather's output buffer [fsdp * shard_numel] in the compute dtype, in HBM."""
+        # FSDP2's copy-in casts the shard to the compute dtype; the collective then writes the
+        # full buffer (no op of its own on the chip).
+        shard.detach().to(self.dtype)
+        full = torch.empty(self.shard_numel * self.coll.par.fsdp, dtype=self.dtype, device=shard.device)
+        self.coll.price("all_gather", "fsdp", _nbytes(full))
+        self.full = full
+        return full
+
+    def _pre_forward(self, module, args):
+        views = _Gather.apply(self.shard(), self)
+        for mod, pname, i in self.entries:
+            object.__setattr__(mod, pname, views[i])
+
+    def _post_forward(self, module, args, output):
+        if self.reshard and torch.is_grad_enabled() and self.full is not None:
+            full = self.full
+            full.untyped_storage().resize_(0)  # FSDP2's reshard: the memory goes, the views stay
+            for t in _tensors(output):
+                if t.requires_grad:
+                    t.register_hook(lambda g, full=full: self._regather(full))
+                    break
+        return output
+
+    # -- backward --------------------------------------------------------------------------
+    def _regather(self, full: torch.Tensor) -> None:
+        """Before the unit's backward: the all-gather again, into the same storage."""
+        storage = full.untyped_storage()
+        if storage.nbytes() == 0:
+            storage.resize_(_nbytes(full))
+            self.coll.price("all_gather", "fsdp", _nbytes(full))
+
+    def reduce_grad(self, grads) -> torch.Tensor:
+        """Copies the gradients into one reduce-scatter input (FSDP2's chunk_cat), prices the
+        reduce-scatter (and, with dp > 1, the all-reduce of the shard across replicas) and
+        returns the float32 shard gradient [shard_numel]."""
+        flat = [g.reshape(-1) for g in grads if g is not None]
+        like = flat[0]
+        rs_in = torch.cat(flat) if len(flat) > 1 else flat[0]
+        self.coll.price("reduce_scatter", "fsdp", _nbytes(like) // like.numel() * self.shard_numel * self.coll.par.fsdp)
+        del rs_in
+        part = torch.empty(self.shard_numel, dtype=like.dtype, device=like.device)
+        if self.coll.par.dp > 1:
+            self.coll.price("all_reduce", "dp", _nbytes(part))  # HSDP: shards across replicas
+        if self.full is not None and self.reshard:
+            self.full.untyped_storage().resize_(0)
+        return part.to(torch.float32)
+
+
+def _tensors(output):
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (tuple, list)):
+        return [t for t in output if isinstance(t, torch.Tensor)]
+    return []
+
+
+def layer_modules(model: nn.Module) -> List[Tuple[str, nn.Module]]:
+    """The units below the root: every element of every ``nn.ModuleList`` (outermost lists)."""
+    out: List[Tuple[str, nn.Module]] = []
+    inside: set = set()
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and id(m) not in inside:
+            for i, child in enumerate(m):
+                out.append((f"{name}.{i}", child))
+                for sub in child.modules():
+                    inside.add(id(sub))
+    return out
+
+
+def shard_model(model: nn.Module, coll: Collectives, compute_dtype: torch.dtype = torch.bfloat16) -> List[FSDPUnit]:
+    """Replaces ``model``'s parameters by FSDP units' shards (meta tensors: call
+    ``model.to_empty(device=...)`` afterwards). Returns the units, layers first, root last."""
+    layers = layer_modules(model)
+    units = [FSDPUnit(name, m, [], coll, compute_dtype, reshard_after_forward=True) for name, m in layers]
+    units.append(FSDPUnit("root", model, [m for _, m in layers], coll, compute_dtype, reshard_after_forward=False))
+    return units
+
+
+def price_dp_grads(model: nn.Module, coll: Collectives) -> None:
+    """Pure data parallelism (fsdp = 1): one all-reduce of the gradients per layer bucket
+    (each unit of :func:`layer_modules`, then the rest), as DDP's buckets would."""
+    if coll.par.dp <= 1:
+        return
+    seen = set()
+    for _, m in layer_modules(model):
+        b = 0
+        for p in m.parameters():
+            if id(p) not in seen and p.grad is not None:
+                seen.add(id(p))
+                b += _nbytes(p.grad)
+        if b:
+            coll.price("all_reduce", "dp", b)
+    rest = sum(_nbytes(p.grad) for p in model.parameters() if id(p) not in seen and p.grad is not None)
+    if rest:
+        coll.price("all_reduce", "dp", rest)
