@@ -44,6 +44,7 @@ torch.utils.generate_methods_for_privateuse1_backend(
 from .eager import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
 from . import debug  # noqa: E402,F401  (defer_and_fuse counters)
 from . import distributed  # noqa: E402,F401  (registers the tpu_dist backend)
+from . import profiler  # noqa: E402,F401  (torch.profiler device tracks)
 from .compile import compile_stats, reset_compile_stats  # noqa: E402  (torch.compile(backend="tpu"))
 from .compile import register as _register_compile  # noqa: E402
 

@@ -1,6 +1,7 @@
 #include "aten/meta_cache.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/record_function.h>
 
 #include <cstring>
 #include <unordered_map>
@@ -183,6 +184,8 @@ const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValu
   torch::jit::Stack meta = meta_stack(op.schema(), args);
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    // Shape bookkeeping, not the user's op: keep it out of torch.profiler.
+    at::DisableRecordFunctionGuard not_profiled;
     op.callBoxed(&meta);
   }
   MetaResult result(meta.size());

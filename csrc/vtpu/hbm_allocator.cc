@@ -19,6 +19,8 @@
 #include <cstring>
 #include <vector>
 
+#include "vtpu/trace.h"
+
 namespace vtpu {
 
 constexpr uint64_t kAlignment = 512;
@@ -254,6 +256,7 @@ Block* HbmAllocator::allocate(uint64_t logical, uint64_t physical) {
   ++s.num_allocs;
   ++s.active_blocks;
   impl_->note_peaks();
+  if (const trace::Hooks* h = trace::hooks()) h->hbm(chip_, s.allocated_bytes);
   return block;
 }
 
@@ -273,6 +276,7 @@ void HbmAllocator::free(Block* block) {
   s.logical_bytes -= block->logical;
   ++s.num_frees;
   --s.active_blocks;
+  if (const trace::Hooks* h = trace::hooks()) h->hbm(chip_, s.allocated_bytes);
   --block->segment->live_blocks;
   block->allocated = false;
   block->requested = 0;

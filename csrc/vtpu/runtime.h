@@ -10,6 +10,7 @@
 #include "vtpu/hbm_allocator.h"
 #include "vtpu/stream.h"
 #include "vtpu/topology.h"
+#include "vtpu/trace.h"
 
 namespace vtpu {
 
@@ -27,8 +28,14 @@ class Chip {
   int64_t new_stream();
   void synchronize();  // every stream of the chip; throws AsyncError
   // Cost-model accounting of the ops issued to this chip.
-  void record_cost(const OpCost& cost) { counters_.record(cost); }
-  void record_collective(const CollectiveCost& cost) { counters_.record_collective(cost); }
+  void record_cost(const OpCost& cost) {
+    counters_.record(cost);
+    if (const trace::Hooks* h = trace::hooks()) h->cost(index_, cost);  // a profiler records
+  }
+  void record_collective(const CollectiveCost& cost) {
+    counters_.record_collective(cost);
+    if (const trace::Hooks* h = trace::hooks()) h->collective(index_, cost);
+  }
   CounterSnapshot counters();  // host_seconds summed over the chip's streams
   void reset_counters();
 

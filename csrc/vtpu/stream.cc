@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "vtpu/trace.h"
+
 namespace vtpu {
 
 Stream::Stream(int chip, int64_t id) : chip_(chip), id_(id) {
@@ -38,6 +40,9 @@ void Stream::enqueue_named(const char* static_op_name, std::function<void()> wor
 }
 
 void Stream::push(Item item) {
+  if (const trace::Hooks* h = trace::hooks()) {
+    item.trace = h->enqueue(chip_, id_, item.name ? item.name : item.owned_name.c_str());
+  }
   bool wake;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -85,6 +90,7 @@ void Stream::run() {
     std::string op_name = item.name ? std::string() : std::move(item.owned_name);
     const char* name = item.name ? item.name : op_name.c_str();
     auto work = std::move(item.work);
+    const uint64_t trace_token = item.trace;
     if (queue_.size() == kMaxQueuedWork / 2 - 1) space_cv_.notify_all();
     busy_ = true;
     lock.unlock();
@@ -105,7 +111,11 @@ void Stream::run() {
     // reference to memory the caller waits to see released.
     work = nullptr;
 
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    const auto end = std::chrono::steady_clock::now();
+    const std::chrono::duration<double> took = end - start;
+    if (trace_token != 0) {
+      if (const trace::Hooks* h = trace::hooks()) h->ran(trace_token, start, end);
+    }
     lock.lock();
     busy_seconds_ += took.count();
     if (failed && error_.empty()) {

@@ -75,6 +75,7 @@ class Stream {
     const char* name;   // static_op_name, or owned_name.c_str()
     std::string owned_name;
     std::function<void()> work;
+    uint64_t trace = 0;  // profiler token (vtpu/trace.h), 0 when not traced
   };
   void push(Item item);
   std::deque<Item> queue_;
