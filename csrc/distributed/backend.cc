@@ -235,8 +235,6 @@ TpuBackend::TpuBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
   o.global_ranks = config_.global_ranks;
   o.buffer_bytes = config_.buffer_bytes;
   o.p2p_bytes = config_.p2p_bytes;
-  const char* cma = std::getenv("TORCH_TPU_DIST_CMA");
-  o.cma = cma == nullptr || std::string(cma) != "0";
   c10::intrusive_ptr<c10d::Store> shm_store = store;
   if (!config_.hosts.empty() &&
       std::any_of(config_.hosts.begin(), config_.hosts.end(), [&](int h) { return h != config_.hosts[0]; })) {
@@ -391,12 +389,12 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce(std::vector<at::Tensor>& te
                     v.commit();
                     return;
                   }
-                  if (redop == RedOp::PREMUL_SUM) {  // before arrival: peers may read our data from then on
+                  const Arrival a = engine_->arrive(seq, d, what);
+                  record(a, OpKind::kAllReduce, v.nbytes(), seq, device);
+                  if (redop == RedOp::PREMUL_SUM) {
                     v.flat().mul_(factor);
                     op = RedOp::SUM;
                   }
-                  const Arrival a = engine_->arrive(seq, d, what, nullptr, v.data());
-                  record(a, OpKind::kAllReduce, v.nbytes(), seq, device);
                   engine_->all_reduce(a, v.data(), v.flat().numel(), v.flat().scalar_type(), op, what);
                   v.commit();
                 });
@@ -441,7 +439,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce_coalesced(std::vector<at::T
                   if (multi_host()) {
                     hier_all_reduce(flat, op, what, device);
                   } else {
-                    const Arrival a = engine_->arrive(seq, d, what, nullptr, flat.data_ptr());
+                    const Arrival a = engine_->arrive(seq, d, what);
                     record(a, OpKind::kAllReduce, flat.numel() * flat.element_size(), seq, device);
                     engine_->all_reduce(a, flat.data_ptr(), total, flat.scalar_type(), op, what);
                   }
@@ -554,7 +552,7 @@ void TpuBackend::run_all_gather(uint64_t seq, const TensorRecipe& input, const s
     for (auto& o : outs) o.commit();
     return;
   }
-  const Arrival a = engine_->arrive(seq, d, what, nullptr, in.data());
+  const Arrival a = engine_->arrive(seq, d, what);
   record(a, OpKind::kAllGather, static_cast<double>(n * count * es), seq, device);
   engine_->all_gather(a, in.data(), ptrs, count, es, what);
   for (auto& o : outs) o.commit();
@@ -817,7 +815,7 @@ void TpuBackend::run_reduce_scatter(uint64_t seq, const std::vector<TensorRecipe
     out.commit();
     return;
   }
-  const Arrival a = engine_->arrive(seq, d, what, nullptr, in.data_ptr());
+  const Arrival a = engine_->arrive(seq, d, what);
   record(a, OpKind::kReduceScatter, static_cast<double>(in.numel() * in.element_size()), seq, device);
   engine_->reduce_scatter(a, in.data_ptr(), out.data(), count, in.scalar_type(),
                           redop == RedOp::PREMUL_SUM ? RedOp::SUM : redop, what);

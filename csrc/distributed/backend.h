@@ -135,8 +135,6 @@ class TpuBackend : public c10d::Backend {
 
   std::chrono::milliseconds timeout() const { return group_->options().timeout; }
   const Config& config() const { return config_; }
-  // Large all_reduce / all_gather / reduce_scatter read peers' memory in place (process_vm_readv).
-  bool direct_reads() const { return group_->cma(); }
 
  private:
   using Body = std::function<void()>;
@@ -172,7 +170,7 @@ class TpuBackend : public c10d::Backend {
   bool multi_host() const { return hier_ != nullptr; }
   // Local sub-collectives of a multi-host collective use their own sequence numbers.
   Arrival local_arrive(OpKind op, const at::Tensor& like, int redop, int64_t numel, int64_t root,
-                       const std::string& what, const void* data = nullptr);
+                       const std::string& what);
   void hier_all_reduce(const at::Tensor& data, int redop, const std::string& what, int device);
   void hier_all_gather(const at::Tensor& input, const at::Tensor& output, const std::string& what, int device);
   void hier_reduce_scatter(const at::Tensor& input, const at::Tensor& output, int redop, const std::string& what,

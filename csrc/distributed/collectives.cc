@@ -240,13 +240,11 @@ int ring_links(const std::vector<int>& chips, const vtpu::Topology& topology) {
   return std::max(links, 1);
 }
 
-Arrival Engine::arrive(uint64_t seq, const Descriptor& d, const std::string& what, const int64_t* counts,
-                       const void* data) {
+Arrival Engine::arrive(uint64_t seq, const Descriptor& d, const std::string& what, const int64_t* counts) {
   const int n = g_.size();
   Descriptor& mine = g_.my_descriptor(seq);
   mine = d;
   mine.seq = seq;
-  mine.addr = reinterpret_cast<uint64_t>(data);
   if (counts != nullptr) std::memcpy(g_.my_counts(seq), counts, 2 * n * sizeof(int64_t));
   g_.set_current(seq);
   g_.publish();
@@ -288,58 +286,6 @@ Arrival Engine::arrive(uint64_t seq, const Descriptor& d, const std::string& wha
   a.position.assign(n, 0);
   for (int p = 0; p < n; ++p) a.position[a.order[p]] = p;
   return a;
-}
-
-bool Engine::direct(const Arrival& a, const void* mine) const {
-  if (!g_.cma()) return false;
-  TORCH_INTERNAL_ASSERT(a.descs[g_.rank()].addr == 0 || a.descs[g_.rank()].addr == reinterpret_cast<uint64_t>(mine),
-                        "tpu_dist: the data offered at arrival is not the data the collective runs on");
-  for (const auto& d : a.descs) {
-    if (d.addr == 0) return false;
-  }
-  return true;
-}
-
-char* Engine::scratch(size_t bytes) {
-  if (scratch_.numel() < static_cast<int64_t>(bytes)) scratch_ = at::empty({static_cast<int64_t>(bytes)}, at::kByte);
-  return static_cast<char*>(scratch_.data_ptr());
-}
-
-namespace {
-// Elements per piece of a direct reduction: two pieces of scratch stay in L2 (a quarter
-// window when windows are small, as in tests).
-int64_t piece_elements(size_t es, size_t window_bytes) {
-  return std::max<int64_t>(1, static_cast<int64_t>(std::min<size_t>(256 << 10, window_bytes / 4) / es));
-}
-}  // namespace
-
-void Engine::reduce_direct(const Arrival& a, const char* own, int64_t offset, int64_t len, char* dst,
-                           at::ScalarType dtype, int redop, const std::string& what) {
-  const int n = g_.size();
-  const int me = g_.rank();
-  const size_t es = c10::elementSize(dtype);
-  const int64_t piece = piece_elements(es, g_.buffer_bytes());
-  char* acc = scratch(2 * piece * es);
-  char* tmp = acc + piece * es;
-  for (int64_t o = 0; o < len; o += piece) {
-    const int64_t l = std::min(piece, len - o);
-    const int64_t at = (offset + o) * static_cast<int64_t>(es);
-    char* out = dst + o * es;
-    // Operand q: our own memory in place, a peer's copied into `into`.
-    auto operand = [&](int q, char* into) -> const char* {
-      if (q == me) return own + at;
-      g_.read_peer(q, into, a.descs[q].addr + at, l * es, what);
-      return into;
-    };
-    const char* prev = operand(0, acc);
-    for (int q = 1; q < n; ++q) {
-      const char* cur = operand(q, tmp);
-      char* into = q == n - 1 ? out : acc;
-      combine(into, prev, cur, l, dtype, redop);
-      prev = into;
-    }
-    if (redop == RedOp::AVG) divide(out, l, dtype, n);
-  }
 }
 
 void Engine::ring_reduce_window(const Arrival& a, const char* input, const std::vector<int64_t>& starts,
@@ -396,19 +342,6 @@ void Engine::all_reduce(const Arrival& a, void* data, int64_t numel, at::ScalarT
   const std::vector<int64_t>& starts = chunks.starts;
   const std::vector<int64_t>& lens = chunks.lens;
   const int64_t longest = chunks.longest;
-  if (direct(a, d)) {
-    // Reduce-scatter: rank r reduces chunk r straight from every rank's tensor into its own
-    // (no rank reads chunk r of another), then all-gather: each copies the others' chunks
-    // from their tensors. One copy per byte each way, no staging through the windows.
-    reduce_direct(a, d, starts[me], lens[me], d + starts[me] * es, dtype, redop, what);
-    g_.barrier(what);  // every chunk reduced, every read of our inputs done
-    for (int k = 1; k < n; ++k) {
-      const int r = (me + k) % n;  // start at different peers
-      if (lens[r] > 0) g_.read_peer(r, d + starts[r] * es, a.descs[r].addr + starts[r] * es, lens[r] * es, what);
-    }
-    g_.barrier(what);  // nobody reads our tensor any more: the caller may change it
-    return;
-  }
   const int64_t slot = slot_elements(g_.buffer_bytes(), n, es);
   const int p = a.position[me];
   for (int64_t o = 0; o < longest; o += slot) {
@@ -439,11 +372,6 @@ void Engine::reduce_scatter(const Arrival& a, const void* input, void* output, i
   if (count == 0) return;
   if (n == 1) {
     if (out != in) std::memmove(out, in, count * es);
-    return;
-  }
-  if (direct(a, in)) {
-    reduce_direct(a, in, static_cast<int64_t>(me) * count, count, out, dtype, redop, what);
-    g_.barrier(what);  // nobody reads our input any more
     return;
   }
   std::vector<int64_t> starts(n), lens(n, count);
@@ -500,16 +428,6 @@ void Engine::all_gather(const Arrival& a, const void* input, const std::vector<v
   const int me = g_.rank();
   const char* in = static_cast<const char*>(input);
   if (count == 0) return;
-  if (n > 1 && direct(a, in)) {
-    char* own = static_cast<char*>(outputs[me]);
-    if (own != in) std::memmove(own, in, count * es);
-    for (int k = 1; k < n; ++k) {
-      const int r = a.order[(a.position[me] - k + n) % n];
-      g_.read_peer(r, outputs[r], a.descs[r].addr, count * es, what);
-    }
-    g_.barrier(what);  // nobody reads our input any more
-    return;
-  }
   const int64_t window = slot_elements(g_.buffer_bytes(), 1, es);
   const int p = a.position[me];
   for (int64_t o = 0; o < count; o += window) {

@@ -67,10 +67,7 @@ class Engine {
       : g_(group), topology_(topology), small_bytes_(small_bytes) {}
 
   // Publishes `d` (and `counts`, 2*size values, when given) and checks all ranks agree.
-  // `data`: this rank's input, complete and unchanged until the op returns, which peers may
-  // then read in place (cross-memory attach) instead of through the shared windows.
-  Arrival arrive(uint64_t seq, const Descriptor& d, const std::string& what, const int64_t* counts = nullptr,
-                 const void* data = nullptr);
+  Arrival arrive(uint64_t seq, const Descriptor& d, const std::string& what, const int64_t* counts = nullptr);
 
   // In place on `data` (contiguous, numel elements). AVG divides by the group
   // size; PREMUL_SUM must be applied by the caller (then SUM).
@@ -108,19 +105,11 @@ class Engine {
                           const std::vector<int64_t>& lens, int64_t offset, int64_t slot_elems, int parity,
                           at::ScalarType dtype, int redop, const std::string& what);
   int next_parity() { return static_cast<int>(window_++ & 1); }
-  // Every rank offered its data at arrival and the group may read peers' memory.
-  bool direct(const Arrival& a, const void* mine) const;
-  // dst[0, len) = reduction over ranks, in rank order, of elements [offset, offset + len) of
-  // every rank's offered data (`own`: ours), read from peers piece by piece into scratch.
-  void reduce_direct(const Arrival& a, const char* own, int64_t offset, int64_t len, char* dst,
-                     at::ScalarType dtype, int redop, const std::string& what);
-  char* scratch(size_t bytes);
 
   ShmGroup& g_;
   const vtpu::Topology& topology_;
   size_t small_bytes_;
   uint64_t window_ = 0;
-  at::Tensor scratch_;
 };
 
 // dst = a (op) b over `count` elements; dst may alias a or b.

@@ -25,7 +25,7 @@ c10d::ReduceOp reduce_op(int redop) { return c10d::ReduceOp(static_cast<RedOp>(r
 }  // namespace
 
 Arrival TpuBackend::local_arrive(OpKind op, const at::Tensor& like, int redop, int64_t numel, int64_t root,
-                                 const std::string& what, const void* data) {
+                                 const std::string& what) {
   Descriptor d;
   d.op = static_cast<int32_t>(op);
   d.redop = redop;
@@ -41,7 +41,7 @@ Arrival TpuBackend::local_arrive(OpKind op, const at::Tensor& like, int redop, i
     d.chip = chip(static_cast<c10::DeviceIndex>(device)).global_id();
     d.host = runtime().topology().host_of(d.chip);
   }
-  return engine_->arrive(++local_seq_, d, what + " [host-local part]", nullptr, data);
+  return engine_->arrive(++local_seq_, d, what + " [host-local part]");
 }
 
 namespace {
@@ -144,7 +144,7 @@ void TpuBackend::hier_all_reduce(const at::Tensor& data, int redop, const std::s
   double ici = 0;
   if (L > 1) {
     part = at::empty({shard}, data.options());
-    const Arrival a = local_arrive(OpKind::kReduceScatter, data, local_op, shard, -1, what, buf.data_ptr());
+    const Arrival a = local_arrive(OpKind::kReduceScatter, data, local_op, shard, -1, what);
     ici += engine_->cost(a, OpKind::kReduceScatter, static_cast<double>(shard * L * es), local_seq_).ici_bytes;
     engine_->reduce_scatter(a, buf.data_ptr(), part.data_ptr(), shard, data.scalar_type(), local_op, what);
   }
@@ -154,7 +154,7 @@ void TpuBackend::hier_all_reduce(const at::Tensor& data, int redop, const std::s
   dcn_wait(config_.cross->allreduce(v, o), what);
   if (redop == RedOp::AVG) divide(part.data_ptr(), shard, data.scalar_type(), getSize());
   if (L > 1) {
-    const Arrival a = local_arrive(OpKind::kAllGather, data, 0, shard, -1, what, part.data_ptr());
+    const Arrival a = local_arrive(OpKind::kAllGather, data, 0, shard, -1, what);
     ici += engine_->cost(a, OpKind::kAllGather, static_cast<double>(shard * L * es), local_seq_).ici_bytes;
     std::vector<void*> ptrs(L);
     for (int r = 0; r < L; ++r) ptrs[r] = static_cast<char*>(buf.data_ptr()) + r * shard * es;
@@ -182,7 +182,7 @@ void TpuBackend::hier_all_gather(const at::Tensor& input, const at::Tensor& outp
   double ici = 0;
   if (L > 1) {
     block = at::empty({L * m}, input.options());
-    const Arrival a = local_arrive(OpKind::kAllGather, input, 0, m, -1, what, input.data_ptr());
+    const Arrival a = local_arrive(OpKind::kAllGather, input, 0, m, -1, what);
     ici = engine_->cost(a, OpKind::kAllGather, static_cast<double>(L * m * es), local_seq_).ici_bytes;
     std::vector<void*> ptrs(L);
     for (int r = 0; r < L; ++r) ptrs[r] = static_cast<char*>(block.data_ptr()) + r * m * es;
@@ -231,7 +231,7 @@ void TpuBackend::hier_reduce_scatter(const at::Tensor& input, const at::Tensor& 
   double ici = 0;
   if (L > 1) {
     part = at::empty({H * m}, input.options());
-    const Arrival a = local_arrive(OpKind::kReduceScatter, input, local_op, H * m, -1, what, ordered.data_ptr());
+    const Arrival a = local_arrive(OpKind::kReduceScatter, input, local_op, H * m, -1, what);
     ici = engine_->cost(a, OpKind::kReduceScatter, static_cast<double>(L * H * m * es), local_seq_).ici_bytes;
     engine_->reduce_scatter(a, ordered.data_ptr(), part.data_ptr(), H * m, input.scalar_type(), local_op, what);
   }

@@ -2,10 +2,7 @@
 
 #include <c10/util/Exception.h>
 #include <immintrin.h>
-#include <sys/uio.h>
 #include <unistd.h>
-
-#include <cerrno>
 
 #include <cstring>
 #include <new>
@@ -16,7 +13,7 @@
 namespace torch_tpu::dist {
 
 constexpr uint32_t kMagic = 0x44555054;  // "TPUD"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 1;
 
 struct alignas(64) Header {
   std::atomic<uint32_t> magic;
@@ -28,8 +25,6 @@ struct alignas(64) Header {
   uint64_t p2p_bytes;
   int64_t pid;
   uint64_t start_time;
-  uint64_t probe_addr;   // a word in the owner's private memory, for peers' process_vm_readv probe
-  uint64_t probe_value;  // what they must read there
   alignas(64) std::atomic<uint64_t> progress;
   std::atomic<uint64_t> current_seq;  // collective this rank is in (diagnostics)
   alignas(64) std::atomic<uint32_t> doorbell;
@@ -105,9 +100,6 @@ ShmGroup::ShmGroup(const c10::intrusive_ptr<c10d::Store>& store, Options options
   h->p2p_bytes = opts_.p2p_bytes;
   h->pid = me.pid;
   h->start_time = me.start_time;
-  probe_word_ = std::random_device{}() | 1;
-  h->probe_addr = reinterpret_cast<uint64_t>(&probe_word_);
-  h->probe_value = probe_word_;
   h->failed_rank = -1;
   auto* counters = reinterpret_cast<std::atomic<uint64_t>*>(base + p2p_counters_offset_);
   for (int i = 0; i < 2 * n; ++i) new (&counters[i]) std::atomic<uint64_t>(0);
@@ -134,26 +126,12 @@ ShmGroup::ShmGroup(const c10::intrusive_ptr<c10d::Store>& store, Options options
     pids_[r] = ProcessId{peer.pid, peer.start_time};
   }
 
-  // Cross-memory attach works between every pair, or the group does not use it.
-  bool can_read = opts_.cma && n > 1;
-  for (int r = 0; r < n && can_read; ++r) {
-    if (r == opts_.rank) continue;
-    uint64_t value = 0;
-    iovec local{&value, sizeof(value)};
-    iovec remote{reinterpret_cast<void*>(header(r).probe_addr), sizeof(value)};
-    can_read = process_vm_readv(static_cast<pid_t>(pids_[r].pid), &local, 1, &remote, 1, 0) ==
-                   static_cast<ssize_t>(sizeof(value)) &&
-               value == header(r).probe_value;
-  }
-
   // Every rank mapped every segment: the names can go (nothing stays in /dev/shm).
-  store->set("tpu_dist/mapped/" + std::to_string(opts_.rank), to_bytes(can_read ? "cma" : "shm"));
+  store->set("tpu_dist/mapped/" + std::to_string(opts_.rank), to_bytes("1"));
   keys.clear();
   for (int r = 0; r < n; ++r) keys.push_back("tpu_dist/mapped/" + std::to_string(r));
   store_wait(*store, keys, opts_.timeout, what);
   segments_[opts_.rank].unlink();
-  cma_ = n > 1;
-  for (int r = 0; r < n; ++r) cma_ = cma_ && to_string(store->get(keys[r])) == "cma";
 }
 
 ShmGroup::~ShmGroup() { close(); }
@@ -308,34 +286,6 @@ void ShmGroup::acquire_buffer(int parity, const std::string& what) {
 }
 
 void ShmGroup::release_buffer(int parity) { buffer_free_step_[parity] = step_; }
-
-void ShmGroup::barrier(const std::string& what) {
-  publish();
-  wait_all(step_, what);
-}
-
-void ShmGroup::read_peer(int r, void* dst, uint64_t src, size_t bytes, const std::string& what) {
-  char* d = static_cast<char*>(dst);
-  while (bytes > 0) {
-    iovec local{d, bytes};
-    iovec remote{reinterpret_cast<void*>(src), bytes};
-    const ssize_t got = process_vm_readv(static_cast<pid_t>(pids_[r].pid), &local, 1, &remote, 1, 0);
-    if (got > 0) {
-      d += got;
-      src += static_cast<uint64_t>(got);
-      bytes -= static_cast<size_t>(got);
-      continue;
-    }
-    const int err = got < 0 ? errno : EIO;
-    if (err == EINTR) continue;
-    check_health(r, /*all=*/false, what, std::chrono::steady_clock::now());  // raises if r died or left
-    const int64_t me = opts_.rank < static_cast<int>(opts_.group_ranks.size()) ? opts_.group_ranks[opts_.rank]
-                                                                              : opts_.rank;
-    raise(r, "tpu_dist " + what + " in group '" + opts_.group_name + "' (rank " + std::to_string(me) + ")",
-          "reading " + std::to_string(bytes) + " bytes of " + describe_rank(r) + "'s memory failed: " +
-              std::strerror(err));
-  }
-}
 
 char* ShmGroup::mailbox(int sender, int receiver) const {
   return static_cast<char*>(segments_[sender].data()) + mailboxes_offset_ + receiver * opts_.p2p_bytes;

@@ -35,7 +35,6 @@ struct Descriptor {
   int64_t root = -1;
   int64_t tag = 0;
   int64_t sizes[kMaxDims] = {};
-  uint64_t addr = 0;   // this rank's data, readable by peers until the op ends (0: not offered)
 };
 
 enum class PeerState : uint32_t { kRunning = 0, kClosed = 1, kFailed = 2 };
@@ -56,7 +55,6 @@ class ShmGroup {
                                         // differs when the group spans hosts)
     size_t buffer_bytes = 2 << 20;      // each of the two collective buffers
     size_t p2p_bytes = 1 << 20;         // mailbox per destination
-    bool cma = true;                    // read peers' memory directly when the kernel allows it
   };
 
   // Rendezvous through `store`: creates this rank's segment, maps the peers',
@@ -92,14 +90,6 @@ class ShmGroup {
   // finished reading its previous contents; after reading: records that.
   void acquire_buffer(int parity, const std::string& what);
   void release_buffer(int parity);  // call right after the publish() that ends the reads
-  void barrier(const std::string& what);  // publish, then wait for every rank's publish
-
-  // --- cross-memory attach: one copy straight from a peer's address space ---
-  // True when every rank of the group can read every other rank's memory with
-  // process_vm_readv (probed at creation; Yama ptrace_scope >= 1 or seccomp may forbid it).
-  bool cma() const { return cma_; }
-  // Copies `bytes` from address `src` in rank r's process into `dst`.
-  void read_peer(int r, void* dst, uint64_t src, size_t bytes, const std::string& what);
 
   // --- point to point: a byte ring per (sender, receiver) in the sender's segment ---
   char* mailbox(int sender, int receiver) const;
@@ -137,8 +127,6 @@ class ShmGroup {
   std::vector<ProcessId> pids_;
   uint64_t step_ = 0;
   uint64_t buffer_free_step_[2] = {0, 0};
-  bool cma_ = false;
-  uint64_t probe_word_ = 0;  // peers read it at creation to test process_vm_readv
   mutable std::mutex failure_mu_;
   std::string failure_;
 };

@@ -26,8 +26,7 @@ void register_distributed_bindings(py::module_& m) {
                              [](const TpuBackend& b) { return std::chrono::duration<double>(b.timeout()).count(); })
       .def_property_readonly("buffer_bytes", [](const TpuBackend& b) { return b.config().buffer_bytes; })
       .def_property_readonly("group_name", [](const TpuBackend& b) { return b.config().group_name; })
-      .def_property_readonly("hosts", [](const TpuBackend& b) { return b.config().hosts; })
-      .def_property_readonly("direct_reads", [](const TpuBackend& b) { return b.direct_reads(); });
+      .def_property_readonly("hosts", [](const TpuBackend& b) { return b.config().hosts; });
 
   m.def(
       "_tpu_dist_create",

@@ -373,13 +373,10 @@ def battery(dev):
 
 def scenario_collectives():
     dev = init()
-    import torch_tpu.distributed
-
-    direct = torch_tpu.distributed.direct_reads()
     checks = battery(dev)
     torch.tpu.synchronize()
     dist.destroy_process_group()
-    write({"checks": checks, "direct_reads": direct})
+    write({"checks": checks})
 
 
 # ------------------------------------------------------------------ DDP

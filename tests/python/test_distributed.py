@@ -21,9 +21,6 @@ CONFIGS = {
     "3ranks_small_buffers": (3, {"TORCH_TPU_DIST_BUFFER_BYTES": "64KiB", "TORCH_TPU_DIST_SMALL_BYTES": "1KiB",
                                  "TORCH_TPU_DIST_P2P_BYTES": "64KiB"}),
     "2ranks_defaults": (2, {}),
-    # The shared-window path that serves when peers may not read each other's memory.
-    "3ranks_windows_only": (3, {"TORCH_TPU_DIST_CMA": "0", "TORCH_TPU_DIST_BUFFER_BYTES": "64KiB",
-                                "TORCH_TPU_DIST_SMALL_BYTES": "1KiB", "TORCH_TPU_DIST_P2P_BYTES": "64KiB"}),
     # Two simulated hosts (TORCH_TPU_HOST_ID) of a v5p-16 slice: shared memory inside a host,
     # gloo across; 4 ranks = 2 per host (hierarchical), 3 ranks = 2 + 1 (flat gloo fallback).
     "4ranks_2hosts": (4, {"TORCH_TPU_TOPOLOGY": "v5p-16", "TORCH_TPU_DIST_BUFFER_BYTES": "64KiB",
@@ -57,46 +54,6 @@ def test_collective_family(battery, family):
 def test_battery_size(battery):
     world, results = battery
     assert len(results[0]["checks"]) > 150
-
-
-def _can_read_sibling_memory():
-    """Whether process_vm_readv works between two children of this process (as between ranks)."""
-    import ctypes
-    import os
-
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    class iovec(ctypes.Structure):
-        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-    word = ctypes.c_uint64(0x1234ABCD)
-    r, w = os.pipe()
-    holder = os.fork()
-    if holder == 0:
-        os.read(r, 1)
-        os._exit(0)
-    reader = os.fork()
-    if reader == 0:
-        got = ctypes.c_uint64(0)
-        local, remote = iovec(ctypes.addressof(got), 8), iovec(ctypes.addressof(word), 8)
-        n = libc.process_vm_readv(holder, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-        os._exit(0 if n == 8 and got.value == word.value else 1)
-    ok = os.waitpid(reader, 0)[1] == 0
-    os.write(w, b"x")
-    os.waitpid(holder, 0)
-    return ok
-
-
-def test_direct_reads_where_the_kernel_allows(battery, request):
-    """Large collectives read peers' memory in place when every pair may (TORCH_TPU_DIST_CMA=0: never)."""
-    world, results = battery
-    name = request.node.callspec.params["battery"]
-    hosts = (CONFIGS[name][2:] or (1,))[0]
-    host_of = [r * hosts // world for r in range(world)]
-    allowed = "windows_only" not in name and _can_read_sibling_memory()
-    # A rank alone on its host has no peer to read (3 ranks on 2 hosts: 2 + 1).
-    expected = [allowed and host_of.count(host_of[r]) > 1 for r in range(world)]
-    assert [results[r]["direct_reads"] for r in range(world)] == expected
 
 
 def test_no_segments_left(battery):

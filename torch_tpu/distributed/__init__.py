@@ -113,17 +113,6 @@ def is_tpu_dist(group=None) -> bool:
     return str(backend) in (BACKEND_NAME,) + ALIASES
 
 
-def direct_reads(group=None) -> bool:
-    """True when ``group``'s (default: the world's) large all_reduce, all_gather and
-    reduce_scatter copy straight from the peers' memory (``process_vm_readv``, one copy)
-    instead of staging through the shared-memory windows. False when any pair of ranks
-    may not read each other (Yama ``ptrace_scope`` >= 1 between non-descendants, seccomp)
-    or ``TORCH_TPU_DIST_CMA=0``.
-    """
-    group = group if group is not None else dist.group.WORLD
-    return bool(group._get_backend(torch.device("tpu")).direct_reads)
-
-
 def leftover_segments() -> List[str]:
     """Names of tpu_dist shared-memory segments present in /dev/shm on this host.
 
@@ -146,7 +135,6 @@ __all__ = [
     "BACKEND_NAME",
     "DEFAULT_TIMEOUT",
     "init_topology_aware_device_mesh",
-    "direct_reads",
     "is_tpu_dist",
     "leftover_segments",
     "rank_chips",
