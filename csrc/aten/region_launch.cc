@@ -263,11 +263,12 @@ void run_queued(const QueuedRegion& q) {
     if (j < q.outputs.size()) {
       const TensorRecipe& r = q.outputs[j];
       ptr = static_cast<char*>(r.storage.mutable_data()) + r.storage_offset * static_cast<int64_t>(r.dtype.itemsize());
+      out.push_back(exec::Buffer::strided(ptr, t.dtype, t.shape, r.strides));
     } else {
       scratch.emplace_back(new char[static_cast<size_t>(std::max<int64_t>(1, t.numel() * ir::element_size(t.dtype)))]);
       ptr = scratch.back().get();
+      out.push_back(exec::Buffer::contiguous(ptr, t.dtype, t.shape));
     }
-    out.push_back(exec::Buffer::contiguous(ptr, t.dtype, t.shape));
   }
   try {
     run_region_launch(q.launch, in, out);
@@ -291,7 +292,8 @@ void enqueue_region(const RegionLaunch& l, c10::DeviceIndex device, const std::v
     auto et = defer::ir_type(t.scalar_type());
     TORCH_CHECK(et && *et == want.dtype && ir::Shape(t.sizes().begin(), t.sizes().end()) == want.shape, name, ": ",
                 what, " ", k, " is ", t.scalar_type(), t.sizes(), ", the region expects ", want.str());
-    TORCH_CHECK(!out || t.is_contiguous(), name, ": output ", k, " must be contiguous");
+    TORCH_CHECK(!out || t.is_non_overlapping_and_dense(), name, ": output ", k,
+                " must be dense and non-overlapping, got strides ", t.strides());
   };
   auto q = std::make_shared<QueuedRegion>();
   q->launch = l;

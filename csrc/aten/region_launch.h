@@ -52,7 +52,7 @@ std::vector<ir::ValueId> row_statistics(const ir::Graph& g);
 
 // Queues `l` on the current stream of `device`: inputs[k] is parameter k (tpu
 // tensors of the parameter types, any strides), outputs[j] receives output j
-// (contiguous tpu tensors); outputs beyond outputs.size() go to per-run host
+// (dense tpu tensors, any order of dimensions in memory); outputs beyond outputs.size() go to per-run host
 // scratch (row statistics). Storages stay alive until the work ran. Errors are
 // sticky on the stream, named `name`.
 void enqueue_region(const RegionLaunch& l, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,

@@ -6,6 +6,7 @@
 // tpu tensors (region_launch.h).
 #include <ATen/ScalarOps.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/ScalarType.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -244,16 +245,22 @@ class Region {
 
   // Queues the region on `device`'s current stream over `inputs` (parameter
   // order); returns its outputs, new contiguous tensors on the device.
-  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, int device, const std::string& name) {
+  // strides: per output, the strides eager PyTorch gives it (FX metadata), or
+  // empty for row-major; views taken later (permute, then view) rely on them.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, int device, const std::string& name,
+                              const std::vector<std::vector<int64_t>>& strides) {
     if (!launch_.region) throw std::runtime_error("region not compiled");
     const auto d = static_cast<c10::DeviceIndex>(device);
     std::vector<at::Tensor> outputs;
     outputs.reserve(num_outputs_);
     for (size_t j = 0; j < num_outputs_; ++j) {
       const ir::TensorType& t = launch_.output_types[j];
-      outputs.push_back(at::empty(t.shape, at::TensorOptions()
-                                               .dtype(scalar_type_of(t.dtype))
-                                               .device(c10::Device(c10::DeviceType::PrivateUse1, d))));
+      auto opts = at::TensorOptions().dtype(scalar_type_of(t.dtype)).device(c10::Device(c10::DeviceType::PrivateUse1, d));
+      if (j < strides.size() && !strides[j].empty()) {
+        outputs.push_back(at::empty_strided(t.shape, strides[j], opts));
+      } else {
+        outputs.push_back(at::empty(t.shape, opts));
+      }
     }
     translate_errors([&] { enqueue_region(launch_, d, inputs, outputs, name); });
     return outputs;
@@ -303,7 +310,8 @@ void register_compile_bindings(py::module_& parent) {
       .def("records", &Region::records)
       .def_static("from_records", &Region::from_records)
       .def("compile", &Region::compile, py::call_guard<py::gil_scoped_release>())
-      .def("run", &Region::run, py::arg("inputs"), py::arg("device"), py::arg("name"))
+      .def("run", &Region::run, py::arg("inputs"), py::arg("device"), py::arg("name"),
+           py::arg("strides") = std::vector<std::vector<int64_t>>{})
       .def_property_readonly("num_kernels", &Region::num_kernels)
       .def_property_readonly("num_ops", &Region::num_ops)
       .def_property_readonly("num_parameters", &Region::num_parameters)

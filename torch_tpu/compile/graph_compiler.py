@@ -203,6 +203,17 @@ def _lower(region, n, vals):
     return region.lower(schema.name, n.target._overloadname, args, kwargs, [(out.dtype, list(out.shape))])
 
 
+def _dense_strides(v) -> List[int]:
+    """The FX value's strides when they are a permutation of dense ones (eager's
+    layout, which later views may rely on); [] for row-major or anything else."""
+    shape, stride = list(v.shape), list(v.stride())
+    if stride == list(torch._prims_common.make_contiguous_strides_for(shape)):
+        return []
+    if not torch._prims_common.is_non_overlapping_and_dense_or_false(v):
+        return []
+    return stride
+
+
 def _physical_bytes(v) -> int:
     if not isinstance(v, torch.Tensor) or v.device.type != _TPU:
         return 0
@@ -393,6 +404,7 @@ def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: 
                 "device": dev,
                 "ops": ops,
                 "types": [[str(_val(n).dtype).replace("torch.", ""), list(_val(n).shape)] for n in outs],
+                "strides": [_dense_strides(_val(n)) for n in outs],
             })
             step_nodes.append(outs)
         else:
@@ -591,9 +603,10 @@ class Program:
             ins = tuple(st["inputs"])
             dev = st["device"]
             label = f"{self.name} region {len(self.regions) - 1} ({len(st['ops'])} ATen ops)"
+            strides = st.get("strides") or []
 
-            def run_region(env, region=region, ins=ins, outs=outs, dev=dev, label=label):
-                res = region.run([env[s] for s in ins], dev, label)
+            def run_region(env, region=region, ins=ins, outs=outs, dev=dev, label=label, strides=strides):
+                res = region.run([env[s] for s in ins], dev, label, strides)
                 for s, t in zip(outs, res):
                     env[s] = t
 
@@ -626,15 +639,36 @@ class Program:
 
         return run_call
 
+    def _error(self, i: int, env: List, e: Exception) -> Exception:
+        """`e` re-raised with the step that failed: its op and its inputs' shapes, dtypes, devices."""
+        st = self.desc["steps"][i]
+        what = "fused region of " + ", ".join(st["ops"]) if st["kind"] == "region" else st.get("op", st["kind"])
+
+        def show(s):
+            v = env[s]
+            if isinstance(v, torch.Tensor):
+                return f"%{s}: {v.dtype} {list(v.shape)} strides {list(v.stride())} on {v.device}"
+            return f"%{s}: {type(v).__name__}"
+
+        ins = "; ".join(show(s) for s in _step_reads(st))
+        msg = f"{self.name}, step {i} ({what}) with inputs [{ins}]: {e}"
+        try:
+            return type(e)(msg)
+        except Exception:  # noqa: BLE001 (exception types with other constructors)
+            return RuntimeError(msg)
+
     def __call__(self, args: List) -> List:
         env = [None] * self._num_slots
         n = self._num_inputs
         env[:n] = args[:n]
         args.clear()
-        for run, frees in self._plan:
-            run(env)
-            for s in frees:
-                env[s] = None
+        try:
+            for i, (run, frees) in enumerate(self._plan):
+                run(env)
+                for s in frees:
+                    env[s] = None
+        except Exception as e:  # noqa: BLE001
+            raise self._error(i, env, e) from e
         out = self._out(env)
         stats.add("programs_run")
         return list(out) if isinstance(out, (list, tuple)) else [out]

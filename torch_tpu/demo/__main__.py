@@ -42,9 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", default=None,
                    help="TPU slice, e.g. v6e-8, v5e-4, v5p-8, tpu7x-8 (default: $TORCH_TPU_TOPOLOGY or v6e-8)")
     p.add_argument("--mode", choices=MODES, default="strict",
-                   help="execution mode: strict (default, asynchronous), debug (synchronous, checked) or "
-                        "defer_and_fuse (fusible ops recorded and run as fused kernels); compile is not "
-                        "available yet")
+                   help="execution mode: strict (default, asynchronous), debug (synchronous, checked), "
+                        "defer_and_fuse (fusible ops recorded and run as fused kernels) or compile "
+                        "(torch.compile(backend='tpu') of the model and the AdamW step)")
     p.add_argument("--out", default=default_out(),
                    help="folder for checkpoints and log.jsonl (default $XDG_CACHE_HOME/torch_tpu/demo, "
                         "i.e. ~/.cache/torch_tpu/demo)")
@@ -98,11 +98,7 @@ def main(argv=None) -> int:
     import torch  # noqa: F401
     import torch_tpu
 
-    if args.mode == "compile":
-        # torch.compile(backend="tpu") does not exist yet; when it lands, compile the model here.
-        return _fail("--mode compile is not available yet: torch_tpu has no torch.compile backend so far; "
-                     "use --mode strict or --mode debug", 2)
-    if args.mode != "strict":
+    if args.mode not in ("strict", "compile"):  # compile: strict eager around the compiled programs
         try:
             torch_tpu.set_eager_mode(args.mode)
         except (NotImplementedError, ValueError) as e:

@@ -363,6 +363,14 @@ def _train(args, corpus, model, cfg, params, device, topo, generation, resumed, 
         log(f"note: starting a new run in {args.out}; its older checkpoints are replaced as this run saves "
             f"(pass --resume to continue them)")
 
+    forward, opt_step = model, opt.step
+    compiled = getattr(args, "mode", "strict") == "compile"
+    if compiled:
+        # torch.compile(backend="tpu"): forward + backward, and the AdamW step (lr as a tensor, so
+        # the schedule changes a value, not the compiled program)
+        forward, opt_step = torch.compile(model, backend="tpu"), torch.compile(opt.step, backend="tpu")
+        for g in opt.param_groups:
+            g["lr"] = torch.tensor(float(g["lr"]))
     run_cfg = {k: getattr(args, k) for k in _RUN_KEYS}
     vbatches = data.val_batches(corpus, args.eval_batches, args.batch_size, args.seq_len, args.seed)
     tokens_per_step = args.batch_size * args.seq_len
@@ -380,12 +388,15 @@ def _train(args, corpus, model, cfg, params, device, topo, generation, resumed, 
         """One optimizer step on the batch of ``step``; returns its training loss (nats/byte)."""
         x, y = data.train_batch(corpus, args.batch_size, args.seq_len, args.seed, step)
         for g in opt.param_groups:
-            g["lr"] = lr
+            if compiled:
+                g["lr"].fill_(lr)
+            else:
+                g["lr"] = lr
         with autocast_ctx(device, args.dtype):
-            _, loss = model(x.to(device), y.to(device))
+            _, loss = forward(x.to(device), y.to(device))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        opt_step()
         opt.zero_grad(set_to_none=True)
         return loss.item()  # waits for the step's work, so the caller's clock times the whole step
 
