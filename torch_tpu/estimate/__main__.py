@@ -170,9 +170,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         spec = model_spec(args.model, config_json=args.config, batch=args.batch, seq_len=args.seq_len,
                           factory_kwargs=kwargs, vocab_size=args.vocab_size, n_layers=args.n_layers,
                           d_model=args.d_model, n_heads=args.n_heads, n_kv_heads=args.n_kv_heads,
-                          ffn_dim=args.ffn_dim) if ":" not in args.model and not args.model.startswith("gpt-") \
-            else model_spec(args.model, batch=args.batch, seq_len=args.seq_len, factory_kwargs=kwargs)
+                          ffn_dim=args.ffn_dim)
         check_plan(spec, par, slice_chips)
+        if spec.kind == "factory":
+            from .core import _factory
+
+            _factory(spec.factory)  # importable and callable
         if args.plot:
             import matplotlib  # noqa: F401  (fail now, not after the run)
     except (ValueError, json.JSONDecodeError, ImportError) as e:

@@ -225,7 +225,8 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         except Exception:  # noqa: BLE001  (a factory that cannot build on meta: build on the chip)
             with torch.device(dev):
                 model = _build(spec, coll, attention)
-        params = _distinct_params(model)
+        # The whole model's parameters (the per-chip model holds 1/tp of most of them).
+        params = spec.llama.num_params() if spec.kind == "llama" else _distinct_params(model)
         if par.fsdp > 1:
             shard_model(model, coll, torch.bfloat16 if amp is not None else torch.float32)
         model.to_empty(device=dev)
