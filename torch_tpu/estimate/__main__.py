@@ -102,7 +102,7 @@ def format_table(r: dict) -> str:
         f"(reserved {_fmt_bytes(r['hbm_reserved_peak_bytes'])})",
         "per chip, estimated (cost model; ms per step):",
         f"  {'gen':<6} {'step':>9} {'MXU':>9} {'VPU':>8} {'HBM':>8} {'ovh':>7} {'ICI':>8} {'DCN':>8} "
-        f"{'tok/s/chip':>11} {'MFU':>6} {'HBM/chip':>10}  fits",
+        f"{'tok/s/chip':>11} {'MFU':>6} {'MFU(c)':>6} {'HBM/chip':>10}  fits",
     ]
     for g, e in r["by_generation"].items():
         b = e["breakdown_s"]
@@ -110,10 +110,12 @@ def format_table(r: dict) -> str:
         lines.append(
             f"  {g:<6} {e['step_time_s'] * 1e3:>9.1f} {b['mxu'] * 1e3:>9.1f} {b['vpu'] * 1e3:>8.1f} "
             f"{b['hbm'] * 1e3:>8.1f} {b['overhead'] * 1e3:>7.1f} {e['ici_s'] * 1e3:>8.1f} {e['dcn_s'] * 1e3:>8.1f} "
-            f"{e['tokens_per_s_per_chip']:>11.0f} {100 * e['mfu']:>5.1f}% {_fmt_bytes(e['hbm_bytes']):>10}  "
+            f"{e['tokens_per_s_per_chip']:>11.0f} {100 * e['mfu']:>5.1f}% {100 * e['mfu_causal']:>5.1f}% "
+            f"{_fmt_bytes(e['hbm_bytes']):>10}  "
             f"{'yes' if e['fits'] else 'NO'}{mark}")
     lines.append("  (MXU/VPU/HBM/ovh: compute time by the unit bounding each op; ICI/DCN: all collective time, "
-                 + ("of which FSDP/DP traffic overlaps compute" if r["overlap"] else "serial") + ")")
+                 + ("of which FSDP/DP traffic overlaps compute" if r["overlap"] else "serial")
+                 + "; MFU(c): causal attention FLOPs halved, as MaxText counts them)")
     for key, c in r["collectives"].items():
         lines.append(f"  {key:<22} x{c['count']:<5} {_fmt_bytes(c['payload_bytes']):>11} payload, "
                      f"{_fmt_bytes(c['ici_bytes']):>11} ICI, {_fmt_bytes(c['dcn_bytes']):>11} DCN, {c['links']} link(s)")

@@ -277,19 +277,25 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
     return out
 
 
-def model_flops_per_token(spec: ModelSpec, params: int) -> float:
-    """Training FLOPs per token used for MFU: 6·N (N = all parameters, the 6·N·T rule of the
-    demo) plus attention's 12·L·C·T (PaLM, arXiv 2204.02311, App. B) for Llama and GPT."""
-    flops = 6.0 * params
+def model_flops_per_token(spec: ModelSpec, params: int, causal: bool = False) -> float:
+    """Training FLOPs per token used for MFU (forward + backward = 3 x forward).
+
+    Llama: 6·(N - V·C) for the matmul parameters (the input embedding is a lookup; the
+    untied output projection counts) plus attention's 12·L·C·T (PaLM, arXiv 2204.02311,
+    App. B), or 6·L·C·T with ``causal`` (the masked half skipped: MaxText's accounting since
+    its PR #1988). GPT (tied embedding, counted once as the output projection): 6·N plus the
+    same attention term. Other models: 6·N (the demo's rule).
+    """
+    attn = 6.0 if causal else 12.0
     if spec.kind == "llama":
         c = spec.llama
-        flops += M.attention_flops_per_token(c.n_layers, c.d_model, c.seq_len)
-    elif spec.kind == "gpt":
+        return 6.0 * (params - c.vocab_size * c.d_model) + attn * c.n_layers * c.d_model * c.seq_len
+    if spec.kind == "gpt":
         from ..demo.model import PRESETS
 
         p = PRESETS[spec.gpt_preset]
-        flops += M.attention_flops_per_token(p["n_layer"], p["d_model"], spec.seq_len)
-    return flops
+        return 6.0 * params + attn * p["n_layer"] * p["d_model"] * spec.seq_len
+    return 6.0 * params
 
 
 def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overlap: bool = True) -> dict:
@@ -300,8 +306,9 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
     (collectives; tp all-reduces are on the critical path, fsdp / dp collectives overlap
     with compute when ``overlap``: exposed = max(0, their time - compute)),
     ``step_time_s`` = compute + exposed collectives, ``tokens_per_s`` (whole job),
-    ``tokens_per_s_per_chip``, ``mfu`` = model FLOPs / (chips · step time · peak bf16
-    FLOP/s), ``hbm_bytes`` and ``fits`` (peak physical HBM <= the generation's HBM).
+    ``tokens_per_s_per_chip``, ``mfu`` = model FLOPs (:func:`model_flops_per_token`) /
+    (chips · step time · peak bf16 FLOP/s), ``mfu_causal`` the same with causal attention
+    FLOPs halved (MaxText's convention), ``hbm_bytes`` and ``fits`` (peak physical HBM <= the generation's HBM).
     Collective seconds come from the counters' own formula (vtpu::collective_seconds).
     """
     specs = {g["generation"]: g for g in torch_tpu.runtime.generations()}
@@ -309,6 +316,7 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
     chips = par.chips
     tokens = spec.batch * spec.seq_len
     flops_token = model_flops_per_token(spec, raw["params"])
+    flops_token_causal = model_flops_per_token(spec, raw["params"], causal=True)
     chosen = _C._parse_topology(topology)[1]
     gens = [chosen] + [g for g in GENERATIONS if g != chosen]
     by_gen = {}
@@ -343,6 +351,7 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
             "tokens_per_s": tokens / step if step else None,
             "tokens_per_s_per_chip": tokens / step / chips if step else None,
             "mfu": flops_token * tokens / (chips * step * peak) if step else None,
+            "mfu_causal": flops_token_causal * tokens / (chips * step * peak) if step else None,
             "hbm_bytes": int(specs[g]["hbm_bytes"]),
             "fits": raw["hbm_peak_bytes"] <= specs[g]["hbm_bytes"],
         }
@@ -360,6 +369,7 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
         "seq_len": spec.seq_len,
         "tokens_per_step": tokens,
         "model_flops_per_step": flops_token * tokens,
+        "model_flops_per_step_causal": flops_token_causal * tokens,
         "counted_flops_per_chip": stats["flops"],
         "ops_per_chip": int(stats["ops"]),
         "hbm_peak_bytes": raw["hbm_peak_bytes"],

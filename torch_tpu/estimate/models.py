@@ -250,9 +250,3 @@ def demo_gpt(preset: str = "small", seq_len: int = 128, **overrides) -> nn.Modul
     if preset not in PRESETS:
         raise ValueError(f"unknown GPT preset '{preset}'; valid: {', '.join(PRESETS)}")
     return GPT(GPTConfig(seq_len=seq_len, **{**PRESETS[preset], **overrides}))
-
-
-def attention_flops_per_token(n_layers: int, d_model: int, seq_len: int) -> float:
-    """12·L·C·T: attention's QK^T and PV FLOPs per token, forward and backward (PaLM,
-    arXiv 2204.02311, Appendix B), which the 6·N rule leaves out."""
-    return 12.0 * n_layers * d_model * seq_len
