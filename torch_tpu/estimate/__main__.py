@@ -144,6 +144,7 @@ def plot(r: dict, path: str) -> None:
         e = r["by_generation"][g]
         ax.text(i, bottom[i], f"MFU {100 * e['mfu']:.0f}%" + ("" if e["fits"] else "\nno fit"),
                 ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(bottom) * 1.18)  # room for the labels
     par = r["parallelism"]
     ax.set_ylabel("estimated step time per chip (ms)")
     ax.set_title(f"{r['model']} on {r['chips']} chips (dp {par['dp']}, fsdp {par['fsdp']}, tp {par['tp']}), "
