@@ -192,11 +192,12 @@ class Recorder {
     tls.pending_op = r.ops_.size() - 1;
   }
 
-  static void on_collective(int chip, const vtpu::CollectiveCost& cost) {
+  static void on_collective(int chip, const vtpu::CollectiveCost& cost, const char* name) {
     Recorder& r = get();
     DeviceOp op = r.new_op(chip);
     op.collective = true;
     op.coll = cost;
+    if (name) op.label = name;
     std::lock_guard<std::mutex> lock(r.mu_);
     if (r.accepting_) r.ops_.push_back(std::move(op));
   }
@@ -374,7 +375,8 @@ class Session final : public libkineto::IActivityProfilerSession {
       const int64_t begin = std::max(op.issued_ns, cursor);
       cursor = begin + dur;
       last_ts = std::max(last_ts, cursor);
-      std::string name = op.collective ? (host ? host->name() : std::string("collective")) + " [ICI]"
+      std::string name = op.collective ? "tpu_dist::" + (!op.label.empty() ? op.label
+                                                         : host ? host->name() : std::string("collective"))
                                        : device_op_name(op, host);
       auto& a = add(libkineto::ActivityType::CONCURRENT_KERNEL, name, op.chip,
                     op.collective ? kCollectivesTrack : kOpsTrack, begin, begin + dur);

@@ -359,7 +359,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::launch(Executor& executor, OpType typ
 
 void TpuBackend::record(const Arrival& a, OpKind op, double payload_bytes, uint64_t seq, int device) {
   if (device < 0) return;
-  chip(static_cast<c10::DeviceIndex>(device)).record_collective(engine_->cost(a, op, payload_bytes, seq));
+  chip(static_cast<c10::DeviceIndex>(device)).record_collective(engine_->cost(a, op, payload_bytes, seq), op_name(op));
 }
 
 // ---------------------------------------------------------------- collectives

@@ -32,9 +32,10 @@ class Chip {
     counters_.record(cost);
     if (const trace::Hooks* h = trace::hooks()) h->cost(index_, cost);  // a profiler records
   }
-  void record_collective(const CollectiveCost& cost) {
+  // `name`: a static string naming the collective for profiler traces, or null.
+  void record_collective(const CollectiveCost& cost, const char* name = nullptr) {
     counters_.record_collective(cost);
-    if (const trace::Hooks* h = trace::hooks()) h->collective(index_, cost);
+    if (const trace::Hooks* h = trace::hooks()) h->collective(index_, cost, name);
   }
   CounterSnapshot counters();  // host_seconds summed over the chip's streams
   void reset_counters();

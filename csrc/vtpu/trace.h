@@ -17,7 +17,8 @@ namespace trace {
 struct Hooks {
   // An op priced for chip `chip` (local index), on the thread that issues it.
   void (*cost)(int chip, const OpCost& cost);
-  void (*collective)(int chip, const CollectiveCost& cost);
+  // `name` (a static string, may be null) says which collective: "all_reduce", ...
+  void (*collective)(int chip, const CollectiveCost& cost, const char* name);
   // Work queued on a stream; returns a token for ran(), 0 for "not traced".
   uint64_t (*enqueue)(int chip, int64_t stream, const char* name);
   // On the stream's worker, after the traced work ran (measured host time).
