@@ -21,6 +21,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -203,9 +204,11 @@ class Recorder {
   }
 
   // The item queued right after an op was priced on this thread runs that op.
+  // Event markers are never priced: they must not take a synchronously run op's place.
   static uint64_t on_enqueue(int chip, int64_t stream, const char* name) {
     Recorder& r = get();
     if (tls.session != r.session_ || tls.pending_chip != chip) return 0;
+    if (std::strcmp(name, "event_record") == 0 || std::strcmp(name, "event_wait") == 0) return 0;
     tls.pending_chip = -1;
     std::lock_guard<std::mutex> lock(r.mu_);
     if (!r.accepting_ || tls.pending_op >= r.ops_.size()) return 0;
