@@ -351,8 +351,9 @@ def _is_symbolic_value(v) -> bool:
 
 def _check_size_uses(gm: torch.fx.GraphModule, symbols) -> Optional[str]:
     """A dynamic size used as a *value* (``x / x.size(1)``) would see the bucket size, and
-    ``x[:, -1]`` / ``x[:, :-1]`` / ``narrow`` count from the padded end: say why if any
-    node does so, else ``None``."""
+    ``narrow`` with a negative start counts from the padded end (the ATen trace no longer
+    shows it; negative ``slice`` / ``select`` bounds are handled by the masking pass): say
+    why if any node does so, else ``None``."""
     for n in gm.graph.nodes:
         ev = _example(n)
         if _is_symbolic_value(ev) and ev.node.expr.free_symbols & symbols:
@@ -367,11 +368,6 @@ def _check_size_uses(gm: torch.fx.GraphModule, symbols) -> Optional[str]:
                 if u.op == "output":
                     continue
                 return f"dynamic size {ev} used as a value by {u.format_node()}"
-        if n.op == "call_function" and n.target is operator.getitem and isinstance(
-                _example(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None, torch.Tensor):
-            why = _negative_index(n)
-            if why:
-                return why
         if (n.op == "call_method" and n.target == "narrow") or (
                 n.op == "call_function" and n.target is torch.narrow):
             src = _example(n.args[0])
@@ -379,36 +375,6 @@ def _check_size_uses(gm: torch.fx.GraphModule, symbols) -> Optional[str]:
             if isinstance(src, torch.Tensor) and isinstance(dim, int) and \
                     not _sym_expr(src.shape[dim]).is_number:
                 return f"narrow on dynamic dim {dim} ({n.format_node()})"
-    return None
-
-
-def _negative_index(n: torch.fx.Node) -> Optional[str]:
-    src = _example(n.args[0])
-    idx = n.args[1]
-    idx = idx if isinstance(idx, tuple) else (idx,)
-    if any(i is Ellipsis for i in idx):
-        # dims after the ellipsis count from the end
-        k = idx.index(Ellipsis)
-        head, tail = idx[:k], idx[k + 1:]
-        dims = list(range(len(head))) + list(range(src.dim() - len(tail), src.dim()))
-        idx = head + tail
-    else:
-        dims = []
-        d = 0
-        for i in idx:
-            if i is None:
-                dims.append(None)
-                continue
-            dims.append(d)
-            d += 1
-    for d, i in zip(dims, idx):
-        if d is None or d >= src.dim() or _sym_expr(src.shape[d]).is_number:
-            continue
-        neg = (isinstance(i, int) and i < 0) or (isinstance(i, slice) and any(
-            isinstance(v, int) and v < 0 for v in (i.start, i.stop)))
-        if neg or isinstance(i, torch.fx.Node):
-            return (f"index {i} counts from the end of (or gathers along) dynamic dim {d} "
-                    f"in {n.format_node()}")
     return None
 
 
@@ -439,7 +405,6 @@ def _trace_static(gm, analysis: _Analysis, args: Sequence, sizes: Dict[Any, int]
     """make_fx trace of ``gm`` (Dynamo graph) on fake inputs whose dynamic dims have the
     sizes in ``sizes`` (bucket or exact). Returns an ATen-level GraphModule taking only the
     tensor inputs (``analysis.tensor_inputs``)."""
-    from torch._decomp import core_aten_decompositions
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -482,8 +447,82 @@ def _trace_static(gm, analysis: _Analysis, args: Sequence, sizes: Dict[Any, int]
             f.requires_grad_(real.requires_grad)
         fakes.append(f)
     with fake_mode:
-        traced = make_fx(fn, decomposition_table=core_aten_decompositions())(*fakes)
+        traced = make_fx(fn, decomposition_table=_trace_decompositions())(*fakes)
     return traced
+
+
+def _sdpa_mask(mask, mask_type, batch, heads, length):
+    """The native fast-path mask (True = masked out, or additive float) as SDPA's
+    ``attn_mask`` (True = attend, or additive)."""
+    if mask is None:
+        return None
+    if mask_type == 1:  # key padding mask [B, L]
+        mask = mask.view(batch, 1, 1, length)
+    elif mask_type not in (0, 2, None):
+        raise Unsupported(f"_native_multi_head_attention with mask_type {mask_type}")
+    return mask.logical_not() if mask.dtype == torch.bool else mask
+
+
+def _decomp_native_mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias,
+                       proj_weight, proj_bias, mask=None, need_weights=True,
+                       average_attn_weights=True, mask_type=None):
+    """``aten._native_multi_head_attention`` (nn.MultiheadAttention's inference fast path,
+    batch-first ``[B, L, E]``) as linear / SDPA / linear, ops the masking pass knows."""
+    import torch.nn.functional as F
+
+    if need_weights:
+        raise Unsupported("_native_multi_head_attention with need_weights=True")
+    b, lq, e = query.shape
+    lk = key.shape[1]
+    dh = e // num_head
+    wq, wk, wv = qkv_weight.chunk(3)
+    bq, bk, bv = qkv_bias.chunk(3)
+    q = F.linear(query, wq, bq).view(b, lq, num_head, dh).transpose(1, 2)
+    k = F.linear(key, wk, bk).view(b, lk, num_head, dh).transpose(1, 2)
+    v = F.linear(value, wv, bv).view(b, lk, num_head, dh).transpose(1, 2)
+    attn = F.scaled_dot_product_attention(q, k, v, attn_mask=_sdpa_mask(mask, mask_type, b,
+                                                                         num_head, lk))
+    out = F.linear(attn.transpose(1, 2).reshape(b, lq, e), proj_weight, proj_bias)
+    return out, query.new_empty((0,))
+
+
+def _decomp_encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
+                          proj_bias, use_gelu, norm_first, eps, norm_weight_1, norm_bias_1,
+                          norm_weight_2, norm_bias_2, ffn_weight_1, ffn_bias_1, ffn_weight_2,
+                          ffn_bias_2, mask=None, mask_type=None):
+    """``aten._transformer_encoder_layer_fwd`` (nn.TransformerEncoderLayer's inference fast
+    path) in its math form, following ATen's ``transformer_encoder_layer_forward``."""
+    import torch.nn.functional as F
+
+    def ln(x, w, b_):
+        return F.layer_norm(x, (embed_dim,), w, b_, eps)
+
+    x = ln(src, norm_weight_1, norm_bias_1) if norm_first else src
+    x = _decomp_native_mha(x, x, x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
+                           proj_bias, mask, False, True, mask_type)[0]
+    x = x + src
+    if not norm_first:
+        x = ln(x, norm_weight_1, norm_bias_1)
+    res = x
+    if norm_first:
+        x = ln(x, norm_weight_2, norm_bias_2)
+    h = F.linear(x, ffn_weight_1, ffn_bias_1)
+    h = F.gelu(h) if use_gelu else F.relu(h)
+    x = F.linear(h, ffn_weight_2, ffn_bias_2) + res
+    if not norm_first:
+        x = ln(x, norm_weight_2, norm_bias_2)
+    return x
+
+
+def _trace_decompositions():
+    from torch._decomp import core_aten_decompositions
+
+    table = dict(core_aten_decompositions())
+    # inference fast paths of nn.TransformerEncoderLayer / nn.MultiheadAttention are single
+    # fused ops; their math form is what padding can be made safe for
+    table[aten._transformer_encoder_layer_fwd.default] = _decomp_encoder_layer
+    table[aten._native_multi_head_attention.default] = _decomp_native_mha
+    return table
 
 
 def _contiguous_strides(shape):
@@ -1195,7 +1234,7 @@ class _BucketedFunction:
         self.compile_static = compile_static
         self.analysis = _analyze(gm)
         self.programs: Dict[Any, Callable] = {}
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # a bucket found unsupported falls back to _run_exact under it
         self.unsupported = self.analysis.unsupported
         if self.unsupported:
             log.info("bucketing off for this graph: %s", self.unsupported)
