@@ -331,3 +331,22 @@ def test_cli_module_factory():
     cfg = GPTConfig(seq_len=64, **PRESETS["tiny"])
     assert r["params"] == GPT(cfg).num_params()
     assert r["local_batch"] == 2 and r["collectives"]["all_reduce/dp"]["payload_bytes"] == 4 * r["params"]
+
+
+def test_loss_chunks_bound_the_logits_memory():
+    """Large vocabulary: the float32 logits dominate the peak. Computing the loss in 8
+    recomputed chunks keeps one chunk's logits alive and costs one more forward of the output
+    projection (2·N·C·V FLOPs for N tokens) plus the loss's elementwise work again."""
+    n = _chips()
+    cfg = dict(vocab_size=32768, n_layers=1, d_model=128, n_heads=4, n_kv_heads=4, ffn_dim=256, seq_len=256)
+    one = run(model_spec("llama", batch=4 * n, **cfg), Parallelism(dp=n), device=DEV)
+    eight = run(model_spec("llama", batch=4 * n, **cfg), Parallelism(dp=n), loss_chunks=8, device=DEV)
+    tokens = 4 * cfg["seq_len"]
+    logits_f32 = tokens * cfg["vocab_size"] * 4
+    assert one["hbm_peak_bytes"] > 3 * logits_f32
+    assert one["hbm_peak_bytes"] - eight["hbm_peak_bytes"] > 2 * logits_f32
+    extra = eight["stats"]["flops"] - one["stats"]["flops"]
+    recompute = 2 * tokens * cfg["d_model"] * cfg["vocab_size"]
+    assert recompute < extra < 1.1 * recompute
+    with pytest.raises(ValueError, match="Llama-style models only"):
+        run(model_spec("gpt-tiny", batch=n), Parallelism(dp=n), loss_chunks=2, device=DEV)

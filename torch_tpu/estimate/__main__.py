@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="flash: fused kernel (scores stay on chip); math: PyTorch's math path (T x T in HBM)")
     p.add_argument("--remat", action="store_true", help="activation checkpointing of every layer")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16 autocast or fp32")
+    p.add_argument("--loss-chunks", type=int, default=1,
+                   help="Llama: output projection and loss over N chunks of tokens, each recomputed in backward")
     p.add_argument("--no-overlap", action="store_true",
                    help="do not overlap FSDP / DP collectives with compute (they add to the step)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the step-time breakdown across generations")
@@ -89,11 +91,15 @@ def _fmt_bytes(n: float) -> str:
     return str(n)
 
 
+def _fmt_count(n: float) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
 def format_table(r: dict) -> str:
     """The readable report: configuration, memory, then one row per generation."""
     par = r["parallelism"]
     lines = [
-        f"{r['model']}: {r['params'] / 1e9:.2f} B parameters, global batch {r['global_batch']} x "
+        f"{r['model']}: {_fmt_count(r['params'])} parameters, global batch {r['global_batch']} x "
         f"{r['seq_len']} tokens; {r['chips']} chips ({r['topology']} x {par['slices']} slice(s)), "
         f"dp {par['dp']} x fsdp {par['fsdp']} x tp {par['tp']}; per chip: batch {r['local_batch']}, "
         f"{r['per_chip_params'] / 1e6:.1f} M parameter elements held, {r['ops_per_chip']} ops, "
@@ -175,6 +181,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                           d_model=args.d_model, n_heads=args.n_heads, n_kv_heads=args.n_kv_heads,
                           ffn_dim=args.ffn_dim)
         check_plan(spec, par, slice_chips)
+        if args.loss_chunks < 1 or (args.loss_chunks > 1 and spec.kind != "llama"):
+            raise ValueError(f"--loss-chunks {args.loss_chunks}: a positive integer, above 1 for Llama-style "
+                             "models only")
         if spec.kind == "factory":
             from .core import _factory
 
@@ -193,7 +202,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from .core import report, run
 
-    raw = run(spec, par, attention=args.attention, remat=args.remat, dtype=args.dtype)
+    raw = run(spec, par, attention=args.attention, remat=args.remat, dtype=args.dtype, loss_chunks=args.loss_chunks)
     r = report(spec, par, raw, topology=name, overlap=not args.no_overlap)
     print(format_table(r))
     if args.plot:

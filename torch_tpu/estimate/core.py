@@ -148,9 +148,9 @@ def _factory(path: str) -> Callable[..., nn.Module]:
     return obj
 
 
-def _build(spec: ModelSpec, coll: Collectives, attention: str) -> nn.Module:
+def _build(spec: ModelSpec, coll: Collectives, attention: str, loss_chunks: int = 1) -> nn.Module:
     if spec.kind == "llama":
-        return M.Llama(spec.llama, tp=coll.par.tp, attention=attention, hooks=tp_hooks(coll))
+        return M.Llama(spec.llama, tp=coll.par.tp, attention=attention, hooks=tp_hooks(coll), loss_chunks=loss_chunks)
     if spec.kind == "gpt":
         return M.demo_gpt(spec.gpt_preset, seq_len=spec.seq_len)
     model = _factory(spec.factory)(**spec.factory_kwargs)
@@ -196,9 +196,10 @@ def _rss_bytes() -> int:
 
 
 def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "flash", remat: bool = False,
-        dtype: str = "bf16", steps: int = 2, device: int = 0) -> dict:
+        dtype: str = "bf16", loss_chunks: int = 1, steps: int = 2, device: int = 0) -> dict:
     """Dry-runs ``steps`` training steps of chip 0's share of the model on tpu:``device`` of
     this process's slice and measures the last one (the first creates optimizer state).
+    ``loss_chunks``: Llama only, see ``models.Llama``.
 
     Returns the raw measurements: ``stats`` (the runtime's counters over the measured step),
     ``hbm_peak_bytes`` / ``hbm_reserved_peak_bytes`` (physical), ``collectives`` (tally),
@@ -211,6 +212,10 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         raise ValueError(f"attention must be 'flash' or 'math', got {attention!r}")
     if dtype not in ("bf16", "fp32"):
         raise ValueError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
+    if not isinstance(loss_chunks, int) or loss_chunks < 1:
+        raise ValueError(f"loss_chunks must be a positive integer, got {loss_chunks!r}")
+    if loss_chunks > 1 and spec.kind != "llama":
+        raise ValueError("loss_chunks applies to Llama-style models only")
     t0 = time.perf_counter()
     rss0 = _rss_bytes()
     dev = torch.device("tpu", device)
@@ -219,12 +224,12 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
     with dry_run():
         try:
             with torch.device("meta"):
-                model = _build(spec, coll, attention)
+                model = _build(spec, coll, attention, loss_chunks)
         except ValueError:
             raise
         except Exception:  # noqa: BLE001  (a factory that cannot build on meta: build on the chip)
             with torch.device(dev):
-                model = _build(spec, coll, attention)
+                model = _build(spec, coll, attention, loss_chunks)
         # The whole model's parameters (the per-chip model holds 1/tp of most of them).
         params = spec.llama.num_params() if spec.kind == "llama" else _distinct_params(model)
         if par.fsdp > 1:
@@ -383,7 +388,8 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
 
 
 def estimate(model: str = "gpt-small", *, parallel: Optional[Parallelism] = None, attention: str = "flash",
-             remat: bool = False, dtype: str = "bf16", overlap: bool = True, **model_args) -> dict:
+             remat: bool = False, dtype: str = "bf16", loss_chunks: int = 1, overlap: bool = True,
+             **model_args) -> dict:
     """Dry-run estimate of one training step of ``model`` (see :func:`model_spec`; keyword
     arguments go there: batch, seq_len, config_json, n_layers, ...) on this process's slice
     (``TORCH_TPU_TOPOLOGY``), chip 0's share under ``parallel`` (default: FSDP over every chip
@@ -398,5 +404,5 @@ def estimate(model: str = "gpt-small", *, parallel: Optional[Parallelism] = None
     if parallel is None:
         parallel = Parallelism(fsdp=topo["num_chips"])
     check_plan(spec, parallel, topo["num_chips"])
-    raw = run(spec, parallel, attention=attention, remat=remat, dtype=dtype)
+    raw = run(spec, parallel, attention=attention, remat=remat, dtype=dtype, loss_chunks=loss_chunks)
     return report(spec, parallel, raw, topology=topo["name"], overlap=overlap)

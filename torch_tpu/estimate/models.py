@@ -216,11 +216,17 @@ class Llama(nn.Module):
     (0-dim float32). With tp > 1 the logits are this chip's V/tp vocabulary columns and the
     loss is computed over them (the max and sum-exp all-reduces of a vocabulary-parallel
     cross-entropy are priced by ``hooks``' owner, not here).
+
+    ``loss_chunks`` > 1 computes the output projection and the loss over that many chunks of
+    tokens, each recomputed in backward (activation checkpointing), so that the float32
+    logits of only one chunk are alive at a time (the usual fix for large vocabularies).
     """
 
-    def __init__(self, cfg: LlamaConfig, tp: int = 1, attention: str = "flash", hooks: Optional[TPHooks] = None):
+    def __init__(self, cfg: LlamaConfig, tp: int = 1, attention: str = "flash", hooks: Optional[TPHooks] = None,
+                 loss_chunks: int = 1):
         super().__init__()
         self.cfg = cfg
+        self.loss_chunks = loss_chunks
         self.hooks = hooks or TPHooks()
         c = cfg.d_model
         self.embed = nn.Embedding(cfg.vocab_size // tp, c)
@@ -239,8 +245,20 @@ class Llama(nn.Module):
         cos, sin = emb.cos(), emb.sin()
         for layer in self.layers:
             x = layer(x, cos, sin)
-        logits = self.output(self.hooks.copy(self.norm(x)))  # [B, T, V/tp]
-        return F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
+        h = self.hooks.copy(self.norm(x))
+        if self.loss_chunks <= 1:
+            logits = self.output(h)  # [B, T, V/tp]
+            return F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T))
+        from torch.utils.checkpoint import checkpoint
+
+        total = None
+        for hc, tc in zip(h.reshape(B * T, -1).chunk(self.loss_chunks), targets.reshape(B * T).chunk(self.loss_chunks)):
+            part = checkpoint(self._chunk_loss, hc, tc, use_reentrant=False, preserve_rng_state=False)
+            total = part if total is None else total + part
+        return total / (B * T)
+
+    def _chunk_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.output(h).float(), targets, reduction="sum")
 
 
 def demo_gpt(preset: str = "small", seq_len: int = 128, **overrides) -> nn.Module:
