@@ -264,9 +264,9 @@ class FSDPUnit:
         returns the float32 shard gradient [shard_numel]."""
         flat = [g.reshape(-1) for g in grads if g is not None]
         like = flat[0]
-        rs_in = torch.cat(flat) if len(flat) > 1 else flat[0]
-        self.coll.price("reduce_scatter", "fsdp", _nbytes(like) // like.numel() * self.shard_numel * self.coll.par.fsdp)
-        del rs_in
+        if len(flat) > 1:
+            torch.cat(flat)  # the reduce-scatter input, written by one copy (then sent)
+        self.coll.price("reduce_scatter", "fsdp", like.element_size() * self.shard_numel * self.coll.par.fsdp)
         part = torch.empty(self.shard_numel, dtype=like.dtype, device=like.device)
         if self.coll.par.dp > 1:
             self.coll.price("all_reduce", "dp", _nbytes(part))  # HSDP: shards across replicas
