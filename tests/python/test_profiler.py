@@ -243,6 +243,7 @@ def test_nothing_is_recorded_without_a_device_profiler():
 
 
 def test_generation_errors(monkeypatch):
+    assert tpu_profiler.GENERATIONS == ("v4", "v5e", "v5p", "v6e", "tpu7x")
     with pytest.raises(ValueError, match=r"unknown TPU generation 'v9'.*v4, v5e, v5p, v6e, tpu7x"):
         tpu_profiler.set_generation("v9")
     with pytest.raises(TypeError):

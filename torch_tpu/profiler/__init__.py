@@ -42,8 +42,8 @@ from .. import _C
 
 __all__ = ["set_generation", "get_generation", "trace", "recorder_stats", "GENERATIONS"]
 
-#: Generations the device tracks can be estimated for (``csrc/vtpu/spec.cc``).
-GENERATIONS = ("v4", "v5e", "v5p", "v6e", "tpu7x")
+#: Generations the device tracks can be estimated for (the table in ``csrc/vtpu/spec.cc``).
+GENERATIONS = tuple(g["generation"] for g in _C._generations())
 
 
 def set_generation(generation: Optional[str]) -> None:
