@@ -140,26 +140,51 @@ def _note_dynamo_events() -> None:
     except Exception:  # noqa: BLE001
         return
     seen = _note_dynamo_events.seen
-    for reason, n in list(counters["graph_break"].items()):
+    # Dynamo files graph breaks under "graph_break" or, for unsupported code such as
+    # data-dependent branching, under "unimplemented"
+    items = list(counters["graph_break"].items()) + list(counters["unimplemented"].items())
+    for reason, n in items:
         if n > seen.get(reason, 0):
-            log.warning("graph break (Python runs between compiled graphs here): %s", reason)
-            stats.append("graph_break_reasons", str(reason))
+            lines = [ln.strip() for ln in str(reason).strip().splitlines()]
+            short = lines[0] if lines else "unknown reason"
+            where = next((ln.lstrip("# ") for ln in lines if ln.startswith("# File ")), None)
+            if where:
+                short += f" ({where})"
+            log.warning("graph break: %s (Python runs between the compiled graphs there)", short)
+            stats.append("graph_break_reasons", short)
+            stats.add("graph_breaks", n - seen.get(reason, 0))
             seen[reason] = n
 
 
 _note_dynamo_events.seen = {}
 
 
-class _RecompileHandler(logging.Handler):
-    """Receives Dynamo's "recompiles" log records (guard-failure reasons)."""
+def _hook_recompile_reasons() -> None:
+    """Record Dynamo's guard-failure reasons for frames compiled with this backend.
 
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            msg = record.getMessage()
-        except Exception:  # noqa: BLE001
-            return
-        stats.append("recompile_reasons", msg)
-        log.info("recompiling: %s", msg)
+    Dynamo computes them in ``convert_frame`` (through
+    ``guards.get_and_maybe_log_recompilation_reasons``) but offers no hook, so that
+    function is wrapped where ``convert_frame`` looks it up.
+    """
+    from torch._dynamo import convert_frame
+
+    orig = getattr(convert_frame, "get_and_maybe_log_recompilation_reasons", None)
+    if orig is None or getattr(orig, "_torch_tpu_wrapped", False):
+        return
+
+    def wrapped(cache_entries, frame, backend, *args, **kwargs):
+        reasons = orig(cache_entries, frame, backend, *args, **kwargs)
+        fn = getattr(backend, "compiler_fn", backend)  # torch.compile's wrapper holds the backend
+        if fn is tpu_backend:
+            code = getattr(frame, "f_code", None)
+            where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})" if code else "a frame"
+            reason = f"{where}: " + ("; ".join(r.strip() for r in reasons) if reasons else "unknown guard failure")
+            stats.append("recompile_reasons", reason)
+            log.info("recompiling %s", reason)
+        return reasons
+
+    wrapped._torch_tpu_wrapped = True
+    convert_frame.get_and_maybe_log_recompilation_reasons = wrapped
 
 
 def register() -> None:
@@ -208,3 +233,7 @@ def _register_now() -> None:
     from . import device_interface
 
     device_interface.register()
+    try:
+        _hook_recompile_reasons()
+    except Exception as e:  # noqa: BLE001 (a Dynamo without that function: no reasons, still compiles)
+        log.debug("recompile reasons not recorded: %s", e)

@@ -461,7 +461,7 @@ def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: 
     for x in example_inputs:
         if isinstance(x, torch.Tensor) and x.device.type == _TPU:
             try:
-                key = x.untyped_storage().data_ptr()
+                key = x.untyped_storage()._cdata
             except Exception:  # noqa: BLE001 (fake tensors)
                 key = id(x)
             if key in seen_storage:
@@ -674,6 +674,22 @@ class Program:
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
+def _out_of_memory(msg: str) -> Exception:
+    """A torch.OutOfMemoryError that Dynamo lets through to the caller as it is
+    (Dynamo wraps other backend errors in BackendCompilerFailed)."""
+    try:
+        from torch._dynamo.exc import ShortenTraceback
+    except ImportError:
+        return torch.OutOfMemoryError(msg)
+
+    class ProgramOutOfMemoryError(torch.OutOfMemoryError, ShortenTraceback):
+        pass
+
+    ProgramOutOfMemoryError.__module__ = "torch"
+    ProgramOutOfMemoryError.__qualname__ = "OutOfMemoryError"
+    return ProgramOutOfMemoryError(msg, first_useful_frame=None)
+
+
 def check_memory(desc: Dict[str, Any], kind: str) -> None:
     """Raise torch.OutOfMemoryError when the program's peak exceeds the chip's HBM."""
     peak = desc["input_bytes"] + desc["peak_intermediate_bytes"]
@@ -685,7 +701,7 @@ def check_memory(desc: Dict[str, Any], kind: str) -> None:
         if st is not None:
             where = f" (peak at step {desc['peak_step']}: " + (
                 f"fused region of {len(st['ops'])} ops" if st["kind"] == "region" else st.get("op", st["kind"])) + ")"
-        raise torch.OutOfMemoryError(
+        raise _out_of_memory(
             f"torch.compile(backend='tpu'): the {kind} program needs {peak} physical HBM bytes at its peak "
             f"({desc['input_bytes']} in inputs + {desc['peak_intermediate_bytes']} in intermediates{where}), "
             f"more than the capacity of tpu:{dev}, {cap} bytes (TORCH_TPU_HBM_BYTES sets it)")

@@ -64,7 +64,10 @@ def compile_stats() -> Dict[str, Any]:
     * ``corrupt_cache_entries``: disk entries found truncated or corrupted (rebuilt).
     * ``programs_run``: program executions.
     """
-    _sync_dynamo_counters()
+    if "torch._dynamo" in sys.modules:
+        from .backend import _note_dynamo_events
+
+        _note_dynamo_events()
     with _lock:
         out = dict(_stats)
         out["library_calls"] = dict(_stats["library_calls"])
@@ -75,30 +78,8 @@ def compile_stats() -> Dict[str, Any]:
 
 def reset_compile_stats() -> None:
     """Zero every counter of :func:`compile_stats` (cached programs are kept)."""
-    global _stats, _break_seen
+    global _stats
     with _lock:
         _stats = _fresh()
-    _break_seen = _dynamo_break_total()
 
 
-_break_seen = 0
-
-
-def _dynamo_break_total() -> int:
-    if "torch._dynamo" not in sys.modules:
-        return 0
-    try:
-        from torch._dynamo.utils import counters
-    except Exception:  # noqa: BLE001
-        return 0
-    return sum(counters["graph_break"].values())
-
-
-def _sync_dynamo_counters() -> None:
-    """Fold Dynamo's graph-break counters (reason -> count) into ours."""
-    global _break_seen
-    total = _dynamo_break_total()
-    if total > _break_seen:
-        with _lock:
-            _stats["graph_breaks"] += total - _break_seen
-        _break_seen = total
