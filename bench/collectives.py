@@ -11,6 +11,11 @@ reduce_scatter: the input), t the median time of one call (synchronized) and n t
 The physical limit printed beside it is memcpy bandwidth: bytes copied per second by
 ``dst.copy_(src)`` of the same size in one process, measured right before each row (the
 machine's load drifts), plus 64 MiB copies per process when n processes copy at once.
+"traffic floor" is the bus bandwidth the op would have if it did nothing but the memory
+traffic any algorithm needs when each rank's tensors are private to its process: every
+rank reads its input and writes its output once, all ranks at the same time (through a
+2 MiB window, so the copies go through the cache as tpu_dist's do); no synchronization,
+no reduction arithmetic.
 
 Run: python bench/collectives.py [--ranks 2 4] [--max-bytes 256MiB] [--ops all_reduce ...]
 Prints a markdown table; ``--json PATH`` also writes the raw numbers.
@@ -72,6 +77,25 @@ def memcpy_bandwidth(nbytes=64 << 20):
     return nbytes / t
 
 
+def traffic_floor(inp, out, window=2 << 20):
+    """A function doing only the memory traffic any collective on private buffers needs: read
+    every byte of ``inp`` and write every byte of ``out`` (through a cache-sized window, in
+    slices, as tpu_dist does). All ranks run it at once: its time is a floor for the op here."""
+    import torch
+
+    win = torch.empty(window, dtype=torch.uint8)
+    src, dst = inp.view(torch.uint8), out.view(torch.uint8)
+
+    def run():
+        for o in range(0, src.numel(), window):
+            n = min(window, src.numel() - o)
+            win[:n].copy_(src[o:o + n])
+        for o in range(0, dst.numel(), window):
+            n = min(window, dst.numel() - o)
+            dst[o:o + n].copy_(win[:n])
+    return run
+
+
 def worker(args):
     """One rank: times every (op, size) on tpu_dist and on a gloo group, writes rank0's numbers."""
     import torch
@@ -127,6 +151,20 @@ def worker(args):
                 seconds = t_all.item()
                 row[backend] = {"seconds": seconds, "busbw": numel * 4 / seconds * _bus_factor(op, world)}
                 del fn
+            # The floor: every rank reads its input and writes its output once, all at once.
+            if op == "all_reduce":
+                buf = torch.ones(numel)
+                floor = traffic_floor(buf, buf)
+            elif op == "all_gather":
+                floor = traffic_floor(torch.ones(numel // world), torch.empty(numel))
+            else:
+                floor = traffic_floor(torch.ones(numel), torch.empty(numel // world))
+            dist.barrier(group=gloo)  # all ranks start together; each times its own copies
+            floor_t = torch.tensor([_time(floor, lambda: None, max(3, min(50, (64 << 20) // size)))],
+                                   dtype=torch.float64)
+            dist.all_reduce(floor_t, op=dist.ReduceOp.MAX, group=gloo)
+            seconds = floor_t.item()
+            row["floor"] = {"seconds": seconds, "busbw": numel * 4 / seconds * _bus_factor(op, world)}
             results["rows"].append(row)
             if rank == 0:
                 print(f"  {op:15s} {_fmt_bytes(size):>8s} n={world}: tpu_dist {row['tpu_dist']['busbw'] / 1e9:7.2f} "
@@ -181,14 +219,14 @@ def main():
     print(f"\nmemcpy (one process, 64 MiB): {single / 1e9:.2f} GB/s")
     for world, data in report["worlds"].items():
         print(f"memcpy ({world} processes at once, per process): {data['memcpy_parallel'] / 1e9:.2f} GB/s")
-    print("\n| op | bytes | ranks | tpu_dist busbw GB/s | gloo busbw GB/s | memcpy GB/s | tpu_dist / gloo "
-          "| tpu_dist / memcpy |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| op | bytes | ranks | tpu_dist busbw GB/s | gloo busbw GB/s | memcpy GB/s | traffic floor GB/s "
+          "| tpu_dist / gloo | tpu_dist / memcpy | tpu_dist / floor |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for world, data in report["worlds"].items():
         for row in data["rows"]:
-            t, g, m = row["tpu_dist"]["busbw"], row["gloo"]["busbw"], row["memcpy"]
+            t, g, m, f = row["tpu_dist"]["busbw"], row["gloo"]["busbw"], row["memcpy"], row["floor"]["busbw"]
             print(f"| {row['op']} | {_fmt_bytes(row['bytes'])} | {world} | {t / 1e9:.2f} | {g / 1e9:.2f} | "
-                  f"{m / 1e9:.2f} | {t / g:.1f}x | {t / m:.0%} |")
+                  f"{m / 1e9:.2f} | {f / 1e9:.2f} | {t / g:.1f}x | {t / m:.0%} | {t / f:.0%} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

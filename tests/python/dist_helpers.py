@@ -25,24 +25,28 @@ def clean_env(extra=None):
     return env
 
 
-def run_scenario(name, world, outdir, env=None, timeout=180, hosts=1):
+def run_scenario(name, world, outdir, env=None, timeout=180, hosts=1, host_setup=None, master_addr="127.0.0.1"):
     """Runs `name` on `world` ranks; returns (results by rank, {rank: (returncode, stderr tail)}).
 
     hosts > 1 simulates a multi-host slice: rank r is on host r * hosts // world
-    (TORCH_TPU_HOST_ID) and runs on that host's tpu:LOCAL_RANK.
+    (TORCH_TPU_HOST_ID) and runs on that host's tpu:LOCAL_RANK. ``host_setup(host)`` may
+    return (command prefix, extra environment) for a host's processes, e.g. to run them
+    in that host's network namespace.
     """
     port = free_port()
     procs = []
     for r in range(world):
         e = clean_env(env)
         host = r * hosts // world
+        prefix, host_env = host_setup(host) if host_setup else ([], {})
+        e.update(host_env)
         local = r - min(q for q in range(world) if q * hosts // world == host)
-        e.update(RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        e.update(RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR=master_addr, MASTER_PORT=str(port),
                  LOCAL_RANK=str(local))
         e["LOCAL_WORLD_SIZE"] = str(sum(1 for q in range(world) if q * hosts // world == host))
         if hosts > 1:
             e["TORCH_TPU_HOST_ID"] = str(host)
-        procs.append(subprocess.Popen([sys.executable, WORKER, name, str(outdir)], env=e,
+        procs.append(subprocess.Popen([*prefix, sys.executable, WORKER, name, str(outdir)], env=e,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     deadline = time.time() + timeout
     status = {}
