@@ -332,8 +332,9 @@ def _analyze(gm: torch.fx.GraphModule) -> _Analysis:
         if isinstance(ev, torch.Tensor):
             exprs = tuple(_sym_expr(s) for s in ev.shape)
             for e in exprs:
-                if not e.is_number and not e.is_Symbol and unsupported is None:
-                    unsupported = f"output {o.name} has size {tuple(ev.shape)}: a merged dynamic dimension"
+                if not e.is_number and not _is_shifted_symbol(e) and unsupported is None:
+                    unsupported = (f"output {o.name} has size {tuple(ev.shape)}: a dynamic "
+                                   f"dimension that is not one size plus a constant")
             out_exprs.append(exprs)
         elif isinstance(ev, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             out_exprs.append(None)
@@ -343,6 +344,16 @@ def _analyze(gm: torch.fx.GraphModule) -> _Analysis:
             out_exprs.append(None)
     return _Analysis(dyn_dims, symbols, sources, symint_inputs, item_inputs, tensor_inputs,
                      out_exprs, unsupported)
+
+
+def _is_shifted_symbol(e) -> bool:
+    """``e`` is ``s + c`` for one symbol ``s`` and an integer ``c`` (``x[:, 1:]`` has size
+    ``s - 1``)."""
+    syms = e.free_symbols
+    if len(syms) != 1:
+        return False
+    (sym,) = syms
+    return (e - sym).is_number
 
 
 def _is_symbolic_value(v) -> bool:
@@ -518,6 +529,8 @@ def _trace_decompositions():
     from torch._decomp import core_aten_decompositions
 
     table = dict(core_aten_decompositions())
+    # kept whole: its masking rule sends padded positions to ignore_index
+    table.pop(aten.nll_loss_forward.default, None)
     # inference fast paths of nn.TransformerEncoderLayer / nn.MultiheadAttention are single
     # fused ops; their math form is what padding can be made safe for
     table[aten._transformer_encoder_layer_fwd.default] = _decomp_encoder_layer
@@ -538,15 +551,28 @@ def _contiguous_strides(shape):
 # ---------------------------------------------------------------------------
 
 
+class _Subs(tuple):
+    """Layout of a dim merged from several padded ones (``[B, S] -> [B*S]``): its sub-dims,
+    outer to inner, as ``(size, (sym, offset) or None)``; ``None``: all entries real."""
+
+
+def _simple(p) -> bool:
+    """``p`` is a plain prefix ``(sym, offset)``, not a merged dim's :class:`_Subs`."""
+    return p is not None and not isinstance(p, _Subs)
+
+
 @dataclass
 class _Mask:
     """A boolean mask node broadcastable to its tensor (same ndim; size 1 or the tensor's size
     per dim). ``prefix[d] = (sym, offset)``: along ``d`` the mask is ``index < len(sym) +
-    offset`` and separable from the other dims."""
+    offset`` and separable from the other dims; ``prefix[d] = _Subs(...)``: ``d`` is a merged
+    dim with that layout. ``exact``: the mask is the product of its per-dim descriptions
+    (every dim of size > 1 has one), so views can rebuild it without materializing it."""
 
     node: torch.fx.Node
     shape: Tuple[int, ...]
-    prefix: Dict[int, Tuple[Any, int]] = field(default_factory=dict)
+    prefix: Dict[int, Any] = field(default_factory=dict)
+    exact: bool = False
 
     def masked_dims(self):
         return [d for d, s in enumerate(self.shape) if s != 1]
@@ -682,7 +708,30 @@ class _Masker:
             return self.call(aten.view.default, lt, shape) if ndim != 1 else lt
 
         node = self.cached(("prefix", sym, offset, size, dim, ndim), make)
-        return _Mask(node, tuple(shape), {dim: (sym, offset)})
+        return _Mask(node, tuple(shape), {dim: (sym, offset)}, exact=True)
+
+    def merged_mask(self, subs: "_Subs", dim: int, ndim: int) -> _Mask:
+        """The mask of a merged dim with layout ``subs`` (1-D along ``dim``)."""
+        k = len(subs)
+        size = 1
+        for n, _ in subs:
+            size *= n
+
+        def make():
+            m = None
+            for i, (n, p) in enumerate(subs):
+                if p is not None:
+                    m = self.both(m, self.prefix_mask(p[0], p[1], n, i, k), k)
+            full = self.call(aten.expand.default, m.node, [n for n, _ in subs])
+            full = self.call(aten.clone.default, full, memory_format=torch.contiguous_format)
+            shape = [1] * ndim
+            shape[dim] = size
+            return self.call(aten.view.default, full, shape)
+
+        node = self.cached(("merged", subs, dim, ndim), make)
+        shape = [1] * ndim
+        shape[dim] = size
+        return _Mask(node, tuple(shape), {dim: subs}, exact=True)
 
     def both(self, a: Optional[_Mask], b: Optional[_Mask], ndim: int) -> Optional[_Mask]:
         """Logical and of two masks, aligned (right) to ``ndim`` dims."""
@@ -706,7 +755,8 @@ class _Masker:
                 prefix[d] = pa
             elif pa is not None and pa == pb:
                 prefix[d] = pa
-        return _Mask(node, shape, prefix)
+        exact = a.exact and b.exact and all(s == 1 or d in prefix for d, s in enumerate(shape))
+        return _Mask(node, shape, prefix, exact)
 
     def align(self, m: _Mask, ndim: int) -> _Mask:
         k = ndim - len(m.shape)
@@ -718,18 +768,12 @@ class _Masker:
         shape = (1,) * k + m.shape
         node = self.cached(("view", m.node, shape),
                            lambda: self.call(aten.view.default, m.node, list(shape)))
-        return _Mask(node, shape, {d + k: p for d, p in m.prefix.items()})
+        return _Mask(node, shape, {d + k: p for d, p in m.prefix.items()}, m.exact)
 
-    def reshape_mask(self, m: _Mask, shape: Sequence[int], prefix) -> _Mask:
-        shape = tuple(shape)
-        if shape == m.shape:
-            return _Mask(m.node, shape, prefix)
-        node = self.call(aten.view.default, m.node, list(shape))
-        return _Mask(node, shape, prefix)
-
-    def fill(self, x: torch.fx.Node, m: _Mask, value) -> torch.fx.Node:
-        """``where(m, x, value)``: padded entries of ``x`` become ``value``."""
-        v = _val(x)
+    def fill(self, x: torch.fx.Node, m: _Mask, value, like=None) -> torch.fx.Node:
+        """``where(m, x, value)``: padded entries of ``x`` become ``value``. ``like``: a node
+        with ``x``'s shape and dtype when ``x`` is new (no ``meta["val"]``)."""
+        v = _val(like if like is not None else x)
         nd = v.dim()
         m = self.align(m, nd)
         key = ("fill", x, m.node, value)
@@ -762,7 +806,7 @@ class _Masker:
             prefix = {keep.index(d): p for d, p in prefix.items()}
         if all(s == 1 for s in shape):
             return None
-        return _Mask(node, shape, prefix)
+        return _Mask(node, shape, prefix, m.exact)
 
     def count(self, m: _Mask, x_shape, dims, keepdim, dtype) -> torch.fx.Node:
         """Number of real entries reduced into each result element, at least 1."""
@@ -805,6 +849,9 @@ class _Masker:
                 continue
             with self.g.inserting_before(n):
                 self.visit(n)
+        out = next(n for n in self.g.nodes if n.op == "output")
+        outs = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+        self.out_masks = [self.mask_of(o) for o in outs]
         self.g.eliminate_dead_code()
         self.g.lint()
         self.gm.recompile()
@@ -843,7 +890,7 @@ class _Masker:
             shape = tuple(m.shape[d] for d in perm)
             node = self.call(aten.permute.default, m.node, perm)
             prefix = {perm.index(d): p for d, p in m.prefix.items()}
-            self.masks[n] = _Mask(node, shape, prefix)
+            self.masks[n] = _Mask(node, shape, prefix, m.exact)
             return
         if op in (aten.t.default, aten.transpose.int):
             m = self.mask_of(args[0])
@@ -857,7 +904,7 @@ class _Masker:
             node = self.call(aten.permute.default, m.node, perm)
             shape = tuple(m.shape[d] for d in perm)
             prefix = {perm.index(d): p for d, p in m.prefix.items()}
-            self.masks[n] = _Mask(node, shape, prefix)
+            self.masks[n] = _Mask(node, shape, prefix, m.exact)
             return
         if op is aten.expand.default:
             self.masks[n] = self.align(self.mask_of(args[0]), v.dim())
@@ -868,7 +915,7 @@ class _Masker:
             shape = m.shape[:d] + (1,) + m.shape[d:]
             node = self.call(aten.unsqueeze.default, m.node, d)
             prefix = {(k + 1 if k >= d else k): p for k, p in m.prefix.items()}
-            self.masks[n] = _Mask(node, shape, prefix)
+            self.masks[n] = _Mask(node, shape, prefix, m.exact)
             return
         if op in (aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default):
             m = self.mask_of(args[0])
@@ -885,7 +932,7 @@ class _Masker:
             keep = [d for d in range(nd) if d not in dims]
             shape = tuple(m.shape[d] for d in keep)
             prefix = {keep.index(d): p for d, p in m.prefix.items() if d in keep}
-            self.masks[n] = _Mask(node, shape, prefix) if any(s != 1 for s in shape) else None
+            self.masks[n] = _Mask(node, shape, prefix, m.exact) if any(s != 1 for s in shape) else None
             return
         if op is aten.slice.Tensor:
             self.masks[n] = self.slice_rule(n)
@@ -901,7 +948,7 @@ class _Masker:
             keep = [k for k in range(nd) if k != d]
             shape = tuple(m.shape[k] for k in keep)
             prefix = {keep.index(k): p for k, p in m.prefix.items() if k != d}
-            self.masks[n] = _Mask(node, shape, prefix) if any(s != 1 for s in shape) else None
+            self.masks[n] = _Mask(node, shape, prefix, m.exact) if any(s != 1 for s in shape) else None
             return
         if op in _MM:
             self.mm_rule(n)
@@ -919,7 +966,7 @@ class _Masker:
         if op in (aten.cumsum.default, aten.cumprod.default):
             m = self.mask_of(args[0])
             d = args[1] % len(m.shape)
-            if m.shape[d] != 1 and d not in m.prefix:
+            if m.shape[d] != 1 and not _simple(m.prefix.get(d)):
                 raise Unsupported(f"{name} along a merged padded dim {d}")
             self.masks[n] = m  # padding sits at the end: prefixes of real entries stay real
             return
@@ -943,7 +990,17 @@ class _Masker:
             m = self.mask_of(args[1])
             if m is not None:
                 node = self.call(aten.unsqueeze.default, m.node, -1)
-                self.masks[n] = _Mask(node, m.shape + (1,), dict(m.prefix))
+                self.masks[n] = _Mask(node, m.shape + (1,), dict(m.prefix), m.exact)
+            return
+        if op is aten.gather.default:
+            m, mi = self.mask_of(args[0]), self.mask_of(args[2])
+            d = args[1] % v.dim()
+            if m is not None and m.shape[d] != 1:
+                raise Unsupported(f"{name} along padded dim {d}")
+            if m is not None and any(m.shape[k] != 1 and m.shape[k] != v.shape[k]
+                                     for k in range(v.dim())):
+                raise Unsupported(f"{name}: index smaller than the padded input")
+            self.masks[n] = self.both(m, mi, v.dim())
             return
         if op is aten.nll_loss_forward.default:
             self.nll_rule(n)
@@ -976,6 +1033,10 @@ class _Masker:
         m = self.mask_of(src)
         in_shape = list(_val(src).shape)
         groups = _view_groups(in_shape, out_shape)
+        if m.exact:
+            rebuilt = self.view_exact(m, in_shape, out_shape, groups)
+            if rebuilt is not False:
+                return rebuilt
         expand_shape = list(m.shape)
         new_shape = [1] * len(out_shape)
         prefix = {}
@@ -1001,6 +1062,49 @@ class _Masker:
         node = self.call(aten.view.default, node, new_shape)
         return _Mask(node, tuple(new_shape), prefix)
 
+    def view_exact(self, m: _Mask, in_shape, out_shape, groups):
+        """An exact mask through a view, rebuilt from per-dim layouts (merged dims keep
+        their sub-dims, so ``[B, S] -> [B*S] -> [B, S]`` gets plain prefixes back);
+        ``False`` when a padded sub-dim would be split."""
+        descs: Dict[int, Any] = {}
+        for gi, go in groups:
+            subs = []
+            for d in gi:
+                p = m.prefix.get(d) if m.shape[d] != 1 else None
+                if m.shape[d] != 1 and p is None:
+                    return False
+                subs.extend(p if isinstance(p, _Subs) else [(in_shape[d], p)])
+            subs = [sd for sd in subs if sd[0] != 1]
+            for j in go:
+                need = out_shape[j]
+                mine = []
+                while need > 1:
+                    if not subs:
+                        return False
+                    n, p = subs.pop(0)
+                    if need % n == 0:
+                        mine.append((n, p))
+                        need //= n
+                    elif n % need == 0 and p is None:
+                        mine.append((need, None))  # splitting an all-real sub-dim is free
+                        subs.insert(0, (n // need, None))
+                        need = 1
+                    else:
+                        return False
+                live = [sd for sd in mine if sd[1] is not None]
+                if not live:
+                    continue
+                descs[j] = live[0][1] if len(mine) == 1 else _Subs(mine)
+        nd = len(out_shape)
+        out = None
+        for j, p in sorted(descs.items()):
+            if isinstance(p, _Subs):
+                dm = self.merged_mask(p, j, nd)
+            else:
+                dm = self.prefix_mask(p[0], p[1], out_shape[j], j, nd)
+            out = self.both(out, dm, nd)
+        return out
+
     def slice_rule(self, n) -> Optional[_Mask]:
         args = n.args
         m = self.mask_of(args[0])
@@ -1015,7 +1119,7 @@ class _Masker:
         start = 0 if start is None else start
         end = size if end is None else end
         if start < 0 or end < 0:
-            if d not in m.prefix or step != 1:
+            if not _simple(m.prefix.get(d)) or step != 1:
                 raise Unsupported(f"{n.target}: slice [{start}:{end}] from the padded end of dim {d}")
             # counted from the end: the true end moves with the true length
             sym, off = m.prefix[d]
@@ -1032,12 +1136,14 @@ class _Masker:
         shape = list(m.shape)
         shape[d] = _val(n).shape[d]
         prefix = dict(m.prefix)
+        exact = m.exact
         if d in prefix:
-            if step != 1:
+            if step != 1 or not _simple(prefix[d]):
                 del prefix[d]
+                exact = False
             else:
                 prefix[d] = (prefix[d][0], prefix[d][1] - start)
-        return _Mask(node, tuple(shape), prefix)
+        return _Mask(node, tuple(shape), prefix, exact)
 
     def drop_dim(self, m: _Mask, d: int) -> Optional[_Mask]:
         """``m`` with dim ``d`` made trivial (valid along ``d``); needs ``d`` separable."""
@@ -1049,7 +1155,7 @@ class _Masker:
         node = self.call(aten.any.dims, m.node, [d], True)
         shape = list(m.shape)
         shape[d] = 1
-        return _Mask(node, tuple(shape), {k: p for k, p in m.prefix.items() if k != d})
+        return _Mask(node, tuple(shape), {k: p for k, p in m.prefix.items() if k != d}, m.exact)
 
     def mm_rule(self, n):
         op = n.target
@@ -1141,7 +1247,7 @@ class _Masker:
             s = self.call(aten.sum.dim_IntList, xs, dims, True)
             mean = self.call(aten.div.Tensor, s, cnt)
             dev = self.call(aten.sub.Tensor, x, mean)
-            dev = self.fill(dev, m, 0)
+            dev = self.fill(dev, m, 0, like=x)
             sq = self.call(aten.mul.Tensor, dev, dev)
             ss = self.call(aten.sum.dim_IntList, sq, dims, keepdim)
             c = cnt if keepdim else self.call(aten.squeeze.dims, cnt, dims)
@@ -1298,12 +1404,28 @@ class _BucketedFunction:
             if i in a.dyn_dims:
                 ph_map[j] = a.dyn_dims[i]
         device = self._device(args)
-        _Masker(traced, ph_map, a.symbols, device).run()
+        masker = _Masker(traced, ph_map, a.symbols, device)
+        masker.run()
+        self._check_outputs(masker.out_masks)
         padded, _, dev = self._pad_inputs(args, buckets, true)
         lens = [torch.tensor(true[s], dtype=torch.int64, device=dev) for s in a.symbols]
         sizes = ", ".join(f"{s}={true[s]}->{buckets[s]}" for s in a.symbols)
         _record("bucket_compilations", f"bucketing: new bucket ({sizes})")
         return self.compile_static(traced, list(padded) + lens)
+
+    def _check_outputs(self, out_masks):
+        """Outputs are sliced back with ``narrow``: each dynamic dim must hold its real
+        entries as a prefix of the padded dim, of the length Dynamo's size says."""
+        for k, (exprs, m) in enumerate(zip(self.analysis.out_exprs, out_masks)):
+            if exprs is None or m is None:
+                continue
+            for d, e in enumerate(exprs):
+                if e.is_number or m.shape[d] == 1:
+                    continue
+                p = m.prefix.get(d)
+                if not _simple(p) or (e - (p[0] + p[1])) != 0:
+                    raise Unsupported(f"output {k} dim {d} (size {e}) is not a prefix of its "
+                                      f"padded dim")
 
     def _run_exact(self, args, true, value_syms, items, why):
         a = self.analysis

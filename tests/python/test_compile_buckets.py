@@ -1,0 +1,319 @@
+"""Bounded dynamism of torch.compile(backend="tpu"): dynamic dims padded to buckets.
+
+CPU eager is the oracle: every output and gradient of a bucketed (padded + masked) program
+is compared with the unpadded computation on CPU, and compilation counts are asserted.
+"""
+
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_tpu
+from torch_tpu.compile import backend as tpu_backend_mod
+from torch_tpu.compile import bucketing
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch, tmp_path):
+    """Fresh Dynamo caches, counters, default buckets, an empty program cache on disk, and
+    a counter of static-pipeline compilations (every program the backend builds)."""
+    import torch._dynamo
+
+    monkeypatch.setenv("TORCH_TPU_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(bucketing.ENV_VAR, raising=False)
+    torch._dynamo.reset()
+    bucketing.set_buckets(None)
+    bucketing.reset_bucket_stats()
+    torch_tpu.reset_compile_stats()
+    calls = []
+    orig = tpu_backend_mod.compile_static
+
+    def counting(gm, example_inputs):
+        calls.append([tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)])
+        return orig(gm, example_inputs)
+
+    monkeypatch.setattr(tpu_backend_mod, "compile_static", counting)
+    yield calls
+    torch._dynamo.reset()
+    bucketing.set_buckets(None)
+
+
+def _programs():
+    s = torch_tpu.compile_stats()
+    return s["compilations"] + s["cache_hits_memory"] + s["cache_hits_disk"]
+
+
+def _pair(module_cls, *args, **kwargs):
+    """The same module on CPU (oracle) and on tpu."""
+    torch.manual_seed(0)
+    cpu = module_cls(*args, **kwargs)
+    tpu = module_cls(*args, **kwargs)
+    tpu.load_state_dict(cpu.state_dict())
+    return cpu, tpu.to("tpu")
+
+
+# ---------------------------------------------------------------------------
+# configuration
+# ---------------------------------------------------------------------------
+
+
+def test_default_buckets_powers_of_two_then_multiples_of_128():
+    cfg = bucketing.get_buckets()
+    assert cfg.spec() == bucketing.DEFAULT_SPEC
+    got = [cfg.bucket(n) for n in (1, 2, 3, 5, 9, 100, 128, 129, 256, 300)]
+    assert got == [1, 2, 4, 8, 16, 128, 128, 256, 256, 384]
+
+
+def test_bucket_spec_parsing_and_setter():
+    cfg = bucketing.set_buckets("8, 16,+16")
+    assert cfg.sizes == (8, 16) and cfg.step == 16
+    assert [cfg.bucket(n) for n in (1, 9, 17, 33)] == [8, 16, 32, 48]
+    assert bucketing.get_buckets() is cfg
+    cfg = bucketing.set_buckets([4, 8])
+    assert cfg.bucket(8) == 8 and cfg.bucket(9) is None  # past the largest: exact shape
+    off = bucketing.set_buckets("off")
+    assert not off.enabled and off.bucket(3) is None
+
+
+@pytest.mark.parametrize("bad", ["", "a,b", "16,8", "0,4", "4,-8", "+8,16", "4,4", "8,+x"])
+def test_bad_bucket_spec_raises_value_error(bad):
+    with pytest.raises(ValueError, match=bucketing.ENV_VAR):
+        bucketing.parse_buckets(bad)
+
+
+def test_bad_env_var_raises_value_error(monkeypatch):
+    monkeypatch.setenv(bucketing.ENV_VAR, "32,16")
+    with pytest.raises(ValueError, match="TORCH_TPU_COMPILE_BUCKETS.*ascending"):
+        bucketing.set_buckets(None)
+    monkeypatch.setenv(bucketing.ENV_VAR, "16,+16")
+    assert bucketing.set_buckets(None).bucket(17) == 32
+
+
+# ---------------------------------------------------------------------------
+# transformer block over 50 sequence lengths
+# ---------------------------------------------------------------------------
+
+
+def test_transformer_50_lengths_at_most_8_compilations(fresh):
+    """nn.TransformerEncoderLayer (inference fast path) over 50 sequence lengths: outputs
+    equal CPU eager, at most 8 programs (1 static + one per bucket)."""
+    cpu, tpu = _pair(nn.TransformerEncoderLayer, 32, 4, 64, dropout=0.0, batch_first=True)
+    cpu.eval()
+    tpu.eval()
+    compiled = torch.compile(tpu, backend="tpu")
+    lengths = random.Random(0).sample(range(2, 65), 50)
+    with torch.no_grad():
+        for n in lengths:
+            x = torch.randn(2, n, 32)
+            out = compiled(x.to("tpu"))
+            assert out.shape == (2, n, 32)
+            torch.testing.assert_close(out.cpu(), cpu(x), **TOL, msg=lambda m: f"length {n}: {m}")
+    st = bucketing.bucket_stats()
+    assert len(fresh) <= 8, fresh
+    assert 1 <= st["bucket_compilations"] <= 6 and st["exact_compilations"] == 0, st
+    assert _programs() == len(fresh)
+    # every padded program's inputs have a bucket length (a power of two)
+    seq_lens = {shapes[0][1] for shapes in fresh[1:]}
+    assert all(s & (s - 1) == 0 for s in seq_lens), seq_lens
+    reasons = torch_tpu.compile_stats()["recompile_reasons"]
+    assert sum("bucketing: new bucket" in r for r in reasons) == st["bucket_compilations"]
+    assert st["padded_calls"] > 0
+
+
+class Block(nn.Module):
+    """Pre-norm attention + MLP block with a token-level LM head (hand-written)."""
+
+    def __init__(self, d=32, heads=4, vocab=11):
+        super().__init__()
+        self.heads = heads
+        self.emb = nn.Embedding(vocab, d)
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, 2 * d)
+        self.fc2 = nn.Linear(2 * d, d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, tokens, targets):
+        b, s = tokens.shape
+        x = self.emb(tokens)
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, -1))
+        x = x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        logits = self.head(x)
+        # token-level loss over the flattened (batch * sequence) positions
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+        return logits, loss
+
+
+def test_training_step_gradients_equal_cpu(fresh):
+    """Forward + backward (cross-entropy over flattened tokens, mean over the true count)
+    over 12 lengths: loss, logits and every gradient equal CPU eager."""
+    cpu, tpu = _pair(Block)
+    compiled = torch.compile(tpu, backend="tpu")
+    lengths = [5, 7, 3, 12, 9, 16, 2, 20, 31, 6, 17, 11]
+    g = torch.Generator().manual_seed(1)
+    for n in lengths:
+        tokens = torch.randint(0, 11, (3, n), generator=g)
+        targets = torch.randint(0, 11, (3, n), generator=g)
+        logits_ref, loss_ref = cpu(tokens, targets)
+        loss_ref.backward()
+        logits, loss = compiled(tokens.to("tpu"), targets.to("tpu"))
+        loss.backward()
+        assert logits.shape == (3, n, 11)
+        torch.testing.assert_close(loss.detach().cpu(), loss_ref.detach(), **TOL)
+        torch.testing.assert_close(logits.detach().cpu(), logits_ref.detach(), **TOL)
+        for (name, p), q in zip(tpu.named_parameters(), cpu.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, **TOL,
+                                       msg=lambda m: f"length {n}, grad of {name}: {m}")
+        tpu.zero_grad()
+        cpu.zero_grad()
+    st = bucketing.bucket_stats()
+    # buckets 2, 4, 8, 16, 32 (+ the first, static graph)
+    assert st["bucket_compilations"] <= 5 and st["exact_compilations"] == 0, st
+    assert len(fresh) <= 6, fresh
+
+
+def test_gradients_flow_to_padded_input(fresh):
+    """The padding is differentiable: the input's gradient has the true shape and values."""
+    cpu, tpu = _pair(nn.TransformerEncoderLayer, 16, 2, 32, dropout=0.0, batch_first=True)
+    compiled = torch.compile(tpu, backend="tpu", dynamic=True)
+    for n in (3, 6, 7):
+        x = torch.randn(2, n, 16)
+        xc = x.clone().requires_grad_()
+        xt = x.to("tpu").requires_grad_()
+        (cpu(xc) * torch.arange(16.0)).sum().backward()
+        (compiled(xt) * torch.arange(16.0, device="tpu")).sum().backward()
+        assert xt.grad.shape == (2, n, 16)
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad, **TOL)
+    assert bucketing.bucket_stats()["bucket_compilations"] == 2  # buckets 4 and 8
+
+
+def test_masking_is_what_makes_padding_exact(fresh, monkeypatch):
+    """Negative control: with the masking rules switched off, padded keys leak into the
+    attention and the results differ from CPU. (Shows the equality tests can fail.)"""
+    monkeypatch.setattr(bucketing._Masker, "visit", lambda self, n: None)
+    cpu, tpu = _pair(nn.TransformerEncoderLayer, 16, 2, 32, dropout=0.0, batch_first=True)
+    compiled = torch.compile(tpu, backend="tpu", dynamic=True)
+    x = torch.randn(2, 5, 16)  # bucket 8: three padded keys
+    with torch.no_grad():
+        diff = (compiled(x.to("tpu")).cpu() - cpu(x)).abs().max().item()
+    assert diff > 1e-2
+
+
+# ---------------------------------------------------------------------------
+# batch dimension
+# ---------------------------------------------------------------------------
+
+
+def test_dynamic_batch_with_batch_reductions(fresh):
+    """Batch is the dynamic dim; the graph reduces over it (mean, max, softmax, variance)."""
+
+    def f(x, w):
+        h = torch.tanh(x @ w)
+        centered = h - h.mean(0)
+        return (centered, h.amax(0), torch.softmax(h, dim=0), h.var(0),
+                (h * h).sum())
+
+    w = torch.randn(8, 8)
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    for b in (3, 5, 2, 7, 8, 6):
+        x = torch.randn(b, 8)
+        outs = compiled(x.to("tpu"), w.to("tpu"))
+        for got, want in zip(outs, f(x, w)):
+            assert got.shape == want.shape
+            torch.testing.assert_close(got.cpu(), want, **TOL, msg=lambda m: f"batch {b}: {m}")
+    st = bucketing.bucket_stats()
+    assert st["bucket_compilations"] == 3 and st["exact_compilations"] == 0, st  # 4, 8, 2
+
+
+def test_batch_and_sequence_both_dynamic(fresh):
+    cpu, tpu = _pair(nn.TransformerEncoderLayer, 16, 2, 32, dropout=0.0, batch_first=True)
+    compiled = torch.compile(tpu, backend="tpu", dynamic=True)
+    with torch.no_grad():
+        for b, n in ((3, 5), (4, 7), (4, 6), (5, 9)):
+            x = torch.randn(b, n, 16)
+            torch.testing.assert_close(compiled(x.to("tpu")).cpu(), cpu(x), **TOL)
+    st = bucketing.bucket_stats()
+    # (4, 8) serves the first three; (8, 16) the last
+    assert st["bucket_compilations"] == 2, st
+
+
+# ---------------------------------------------------------------------------
+# slices from the end, unsupported ops, configuration in use
+# ---------------------------------------------------------------------------
+
+
+def test_slice_from_the_end_is_bucketed(fresh):
+    def f(x):
+        d = x[:, 1:] - x[:, :-1]  # the true end moves with the true length
+        return d.sum(1), d.amax(1), d * 2
+
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    for n in (5, 6, 7, 3):
+        x = torch.randn(2, n, 3)
+        for got, want in zip(compiled(x.to("tpu")), f(x)):
+            torch.testing.assert_close(got.cpu(), want, **TOL)
+    st = bucketing.bucket_stats()
+    assert st["bucket_compilations"] == 2 and st["exact_compilations"] == 0, st
+
+
+@pytest.mark.parametrize("case", ["flip", "last_token", "size_as_value"])
+def test_unsupported_graph_falls_back_to_exact_shapes(fresh, case):
+    fns = {
+        "flip": (lambda x: torch.flip(x, [1]).cumsum(1), "aten.flip"),
+        "last_token": (lambda x: x[:, -1] * 2, "counts from the padded end"),
+        "size_as_value": (lambda x: x.sum(1) / x.shape[1], "used as a value"),
+    }
+    f, why = fns[case]
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    lengths = (5, 6, 5, 9)
+    for n in lengths:
+        x = torch.randn(2, n, 3)
+        torch.testing.assert_close(compiled(x.to("tpu")).cpu(), f(x), **TOL)
+    st = bucketing.bucket_stats()
+    assert st["bucket_compilations"] == 0
+    assert st["exact_compilations"] == len(set(lengths)), st
+    assert all(why in r for r in st["reasons"]), st["reasons"]
+    reasons = torch_tpu.compile_stats()["recompile_reasons"]
+    assert sum("exact shape" in r and why in r for r in reasons) == len(set(lengths))
+
+
+def test_configured_buckets_are_used(fresh, monkeypatch):
+    monkeypatch.setenv(bucketing.ENV_VAR, "16,+16")
+    bucketing.set_buckets(None)
+
+    def f(x):
+        return torch.softmax(x, dim=1).sum(-1)
+
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    for n in (3, 10, 16, 17, 30):
+        x = torch.randn(2, n, 4)
+        torch.testing.assert_close(compiled(x.to("tpu")).cpu(), f(x), **TOL)
+    reasons = bucketing.bucket_stats()["reasons"]
+    assert len(reasons) == 2 and "->16" in reasons[0] and "->32" in reasons[1], reasons
+
+
+@pytest.mark.parametrize("spec,why", [("off", "bucketing is off"),
+                                      ("4,8", "past the largest bucket 8")])
+def test_sizes_without_a_bucket_compile_exactly(fresh, spec, why):
+    bucketing.set_buckets(spec)
+
+    def f(x):
+        return x.sum(1)
+
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    for n in (9, 12):
+        x = torch.randn(2, n)
+        torch.testing.assert_close(compiled(x.to("tpu")).cpu(), f(x), **TOL)
+    st = bucketing.bucket_stats()
+    assert st["exact_compilations"] == 2 and st["bucket_compilations"] == 0, st
+    assert all(why in r for r in st["reasons"]), st["reasons"]
