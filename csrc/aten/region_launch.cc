@@ -4,6 +4,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
@@ -245,6 +247,10 @@ namespace {
 struct QueuedRegion {
   RegionLaunch launch;
   std::vector<TensorRecipe> inputs, outputs;
+  // Host 0-dim inputs (a CPU scalar tensor such as an optimizer's step count):
+  // their value, read when the region is queued, as eager reads it at the call.
+  std::vector<int> host_slot;  // per input: index in host_values, or -1
+  std::vector<std::array<char, 16>> host_values;
   std::string name;
 };
 
@@ -252,6 +258,11 @@ void run_queued(const QueuedRegion& q) {
   std::vector<exec::Buffer> in, out;
   std::vector<std::unique_ptr<char[]>> scratch;
   for (size_t k = 0; k < q.inputs.size(); ++k) {
+    if (q.host_slot[k] >= 0) {
+      in.push_back(exec::Buffer::contiguous(const_cast<char*>(q.host_values[q.host_slot[k]].data()),
+                                            q.launch.input_types[k].dtype, {}));
+      continue;
+    }
     const TensorRecipe& r = q.inputs[k];
     char* base = static_cast<char*>(const_cast<void*>(r.storage.data()));
     in.push_back(exec::Buffer::strided(base + r.storage_offset * static_cast<int64_t>(r.dtype.itemsize()),
@@ -287,8 +298,11 @@ void enqueue_region(const RegionLaunch& l, c10::DeviceIndex device, const std::v
   TORCH_CHECK(outputs.size() <= l.output_types.size(), name, ": expected at most ", l.output_types.size(),
               " outputs, got ", outputs.size());
   auto check = [&](const at::Tensor& t, const ir::TensorType& want, const char* what, size_t k, bool out) {
-    TORCH_CHECK(t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 && t.device().index() == device,
-                name, ": ", what, " ", k, " must be a tensor on tpu:", static_cast<int>(device));
+    const bool host_scalar = !out && t.defined() && t.device().is_cpu() && t.dim() == 0;
+    TORCH_CHECK(host_scalar || (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 &&
+                                t.device().index() == device),
+                name, ": ", what, " ", k, " must be a tensor on tpu:", static_cast<int>(device),
+                out ? "" : " or a 0-dim CPU tensor");
     auto et = defer::ir_type(t.scalar_type());
     TORCH_CHECK(et && *et == want.dtype && ir::Shape(t.sizes().begin(), t.sizes().end()) == want.shape, name, ": ",
                 what, " ", k, " is ", t.scalar_type(), t.sizes(), ", the region expects ", want.str());
@@ -299,9 +313,19 @@ void enqueue_region(const RegionLaunch& l, c10::DeviceIndex device, const std::v
   q->launch = l;
   q->name = std::move(name);
   for (size_t k = 0; k < inputs.size(); ++k) {
-    check(inputs[k], l.input_types[k], "input", k, false);
-    defer_flush_storage(inputs[k].storage().unsafeGetStorageImpl());
-    q->inputs.push_back(TensorRecipe::of(inputs[k]));
+    const at::Tensor& t = inputs[k];
+    check(t, l.input_types[k], "input", k, false);
+    if (t.device().is_cpu()) {
+      std::array<char, 16> v{};
+      std::memcpy(v.data(), t.const_data_ptr(), t.element_size());
+      q->host_slot.push_back(static_cast<int>(q->host_values.size()));
+      q->host_values.push_back(v);
+      q->inputs.emplace_back();
+      continue;
+    }
+    defer_flush_storage(t.storage().unsafeGetStorageImpl());
+    q->host_slot.push_back(-1);
+    q->inputs.push_back(TensorRecipe::of(t));
   }
   for (size_t k = 0; k < outputs.size(); ++k) {
     check(outputs[k], l.output_types[k], "output", k, true);

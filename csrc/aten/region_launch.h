@@ -51,7 +51,8 @@ void record_region_costs(c10::DeviceIndex device, const RegionLaunch& l);
 std::vector<ir::ValueId> row_statistics(const ir::Graph& g);
 
 // Queues `l` on the current stream of `device`: inputs[k] is parameter k (tpu
-// tensors of the parameter types, any strides), outputs[j] receives output j
+// tensors of the parameter types, any strides; or a 0-dim CPU tensor, whose
+// value is read now), outputs[j] receives output j
 // (dense tpu tensors, any order of dimensions in memory); outputs beyond outputs.size() go to per-run host
 // scratch (row statistics). Storages stay alive until the work ran. Errors are
 // sticky on the stream, named `name`.

@@ -158,6 +158,10 @@ def _tensor_args(n: torch.fx.Node):
     return out
 
 
+def _is_host_scalar(v) -> bool:
+    return isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dim() == 0
+
+
 _NOT_FUSIBLE_TAGS = (torch.Tag.nondeterministic_seeded,)
 
 
@@ -173,6 +177,8 @@ def _fusible(n: torch.fx.Node) -> bool:
     ins = n.all_input_nodes
     for a in ins:
         v = _val(a)
+        if _is_host_scalar(v):
+            continue  # read when the region is queued, as eager reads it
         if not _is_tpu_tensor(v) or v.device != out.device or v.numel() == 0:
             return False
     r = _RC.Region()

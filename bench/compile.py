@@ -1,0 +1,208 @@
+"""torch.compile(backend="tpu") against inductor on CPU and CPU eager, side by side.
+
+Workloads (same shapes, dtypes and seeds on every side):
+
+* ``gpt_train_step``: one training step of the demo's GPT (torch_tpu.demo, default
+  ``small`` model, batch 16 x 128, bf16 autocast): forward, backward, gradient
+  clipping, AdamW. Compiled sides compile the model and ``opt.step`` (lr a tensor).
+* ``mlp_block``: forward + backward of a transformer MLP block in float32,
+  ``x + fc2(gelu(fc1(layer_norm(x))))`` on [1024, 512] with hidden size 2048.
+
+Sides: ``tpu-compile`` (torch.compile(backend="tpu") on the vTPU), ``tpu-strict``
+(eager on the vTPU), ``cpu-inductor`` (torch.compile, inductor, on CPU tensors) and
+``cpu-eager``. Each runs --warmup calls (the first compiles), then --steps timed
+calls; the figure is the median (tpu calls end with a synchronize). Compile seconds:
+the first call's time minus a steady call's; ``warm`` repeats tpu's compilation in
+the same process with Dynamo reset and the in-memory program cache cleared, so the
+programs come from the disk cache (TORCH_TPU_CACHE_DIR, a fresh temporary folder).
+
+Run: python bench/compile.py [--steps 5] [--warmup 2] [--workloads gpt_train_step,mlp_block]
+     [--sides tpu-compile,tpu-strict,cpu-inductor,cpu-eager] [--markdown]
+The last line is a JSON object with every figure.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_tpu
+from torch_tpu.compile import cache as program_cache
+
+
+def sync(device):
+    if device == "tpu":
+        torch.tpu.synchronize()
+
+
+# ------------------------------------------------------------------ workloads
+
+
+def gpt_setup(device, compiled, backend, args):
+    from torch_tpu.demo.model import GPT, GPTConfig, PRESETS
+    from torch_tpu.demo.train import make_optimizer
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(seq_len=args.seq_len, **PRESETS[args.model_size])).to(device)
+    opt = make_optimizer(model, 1e-3)
+    fwd, step = model, opt.step
+    if compiled:
+        for g in opt.param_groups:
+            g["lr"] = torch.tensor(1e-3)
+        fwd = torch.compile(model, backend=backend)
+        step = torch.compile(opt.step, backend=backend)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (args.batch_size, args.seq_len), generator=g).to(device)
+    y = torch.randint(0, 256, (args.batch_size, args.seq_len), generator=g).to(device)
+    amp = torch.autocast(device, dtype=torch.bfloat16) if args.dtype == "bf16" else nullcontext()
+
+    def call():
+        with amp:
+            _, loss = fwd(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    return call
+
+
+class MLPBlock(nn.Module):
+    def __init__(self, d=512, h=2048):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1 = nn.Linear(d, h)
+        self.fc2 = nn.Linear(h, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x)), approximate="tanh"))
+
+
+def mlp_setup(device, compiled, backend, args):
+    torch.manual_seed(0)
+    block = MLPBlock().to(device)
+    fwd = torch.compile(block, backend=backend) if compiled else block
+    x = torch.randn(1024, 512).to(device).requires_grad_()
+
+    def call():
+        out = fwd(x)
+        out.square().mean().backward()
+        block.zero_grad(set_to_none=True)
+        x.grad = None
+        sync(device)
+
+    return call
+
+
+WORKLOADS = {"gpt_train_step": gpt_setup, "mlp_block": mlp_setup}
+SIDES = {
+    "tpu-compile": ("tpu", True, "tpu"),
+    "tpu-strict": ("tpu", False, None),
+    "cpu-inductor": ("cpu", True, "inductor"),
+    "cpu-eager": ("cpu", False, None),
+}
+
+
+def measure(workload, side, args):
+    device, compiled, backend = SIDES[side]
+    torch._dynamo.reset()
+    call = WORKLOADS[workload](device, compiled, backend, args)
+    t0 = time.perf_counter()
+    call()
+    sync(device)
+    first = time.perf_counter() - t0
+    for _ in range(args.warmup - 1):
+        call()
+    sync(device)
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        call()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    res = {"median_s": med, "first_call_s": first}
+    if compiled:
+        res["compile_s"] = max(first - med, 0.0)
+    if side == "tpu-compile":
+        res["cold_compile_s"] = res.pop("compile_s")
+        # warm: the same graphs compiled again, programs from the disk cache
+        torch._dynamo.reset()
+        program_cache.clear_memory_cache()
+        before = torch_tpu.compile_stats()
+        call = WORKLOADS[workload](device, compiled, backend, args)
+        t0 = time.perf_counter()
+        call()
+        sync(device)
+        res["warm_compile_s"] = max(time.perf_counter() - t0 - med, 0.0)
+        after = torch_tpu.compile_stats()
+        res["warm_disk_hits"] = after["cache_hits_disk"] - before["cache_hits_disk"]
+        res["warm_compilations"] = after["compilations"] - before["compilations"]
+        res["backend_compile_s"] = after["compile_seconds"] - before["compile_seconds"]
+        res["regions"] = after["regions"] - before["regions"]
+    return res
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--sides", default=",".join(SIDES))
+    p.add_argument("--model-size", default="small")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    args = p.parse_args()
+    os.environ["TORCH_TPU_CACHE_DIR"] = tempfile.mkdtemp(prefix="torch_tpu_bench_cache_")
+
+    results = {}
+    for w in args.workloads.split(","):
+        results[w] = {}
+        for side in args.sides.split(","):
+            results[w][side] = measure(w, side, args)
+            print(f"{w:16s} {side:13s} " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                 for k, v in results[w][side].items()), file=sys.stderr, flush=True)
+
+    cols = ["workload", "tpu-compile ms", "tpu-strict ms", "cpu-inductor ms", "cpu-eager ms",
+            "inductor / tpu-compile", "cpu-eager / tpu-compile", "tpu-strict / tpu-compile",
+            "tpu cold compile s", "tpu warm compile s", "inductor compile s"]
+    rows = []
+    for w, r in results.items():
+        def ms(side):
+            return r[side]["median_s"] * 1e3 if side in r else float("nan")
+
+        def ratio(a, b):
+            return ms(a) / ms(b) if a in r and b in r else float("nan")
+
+        tc = r.get("tpu-compile", {})
+        rows.append([w, f"{ms('tpu-compile'):.1f}", f"{ms('tpu-strict'):.1f}", f"{ms('cpu-inductor'):.1f}",
+                     f"{ms('cpu-eager'):.1f}", f"{ratio('cpu-inductor', 'tpu-compile'):.2f}x",
+                     f"{ratio('cpu-eager', 'tpu-compile'):.2f}x", f"{ratio('tpu-strict', 'tpu-compile'):.2f}x",
+                     f"{tc.get('cold_compile_s', float('nan')):.2f}", f"{tc.get('warm_compile_s', float('nan')):.2f}",
+                     f"{r.get('cpu-inductor', {}).get('compile_s', float('nan')):.2f}"])
+    if args.markdown:
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "---|" * len(cols))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+    else:
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+        print("  ".join(c.ljust(wd) for c, wd in zip(cols, widths)))
+        for row in rows:
+            print("  ".join(v.ljust(wd) for v, wd in zip(row, widths)))
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
