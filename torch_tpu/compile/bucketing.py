@@ -218,9 +218,10 @@ def reset_bucket_stats() -> None:
         _stats = _fresh_stats()
 
 
-def _record(kind: str, reason: str) -> None:
+def _record(kind: Optional[str], reason: str) -> None:
     with _stats_lock:
-        _stats[kind] += 1
+        if kind is not None:
+            _stats[kind] += 1
         _stats["reasons"].append(reason)
     try:
         from . import stats as _compile_stats
@@ -232,7 +233,18 @@ def _record(kind: str, reason: str) -> None:
 
 
 class Unsupported(Exception):
-    """The masking cannot prove a graph pad-safe; the message says why."""
+    """The masking cannot prove a graph pad-safe; the message says why. ``syms``: the
+    dynamic sizes whose padding is at fault (``None``: not known)."""
+
+    syms: Optional[frozenset] = None
+
+
+def _unsupported(msg: str, m: Optional["_Mask"] = None, dims: Sequence[int] = ()) -> Unsupported:
+    """An :class:`Unsupported` blaming the sizes padded along ``dims`` of mask ``m``."""
+    e = Unsupported(msg)
+    if m is not None and dims:
+        e.syms = _Masker.syms_of(m, dims=dims)
+    return e
 
 
 # ---------------------------------------------------------------------------
@@ -259,7 +271,8 @@ _SIZE_METHODS = {"view", "reshape", "expand", "new_zeros", "new_ones", "new_empt
                  "unflatten", "repeat", "view_as", "expand_as", "permute", "transpose"}
 _SIZE_FUNCTIONS = {torch.zeros, torch.ones, torch.empty, torch.arange, torch.reshape,
                    torch.randn, torch.rand, operator.getitem,
-                   torch.nn.functional.multi_head_attention_forward}
+                   torch.nn.functional.multi_head_attention_forward,
+                   torch.nn.functional.layer_norm, torch.nn.functional.group_norm}
 _SYM_ARITH = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
               operator.neg, operator.pos}
 
@@ -784,6 +797,24 @@ class _Masker:
 
         return self.cached(key, make)
 
+    @staticmethod
+    def syms_of(*masks, dims=None) -> Optional[frozenset]:
+        """The dynamic sizes a set of masks pads, along ``dims`` if given (``None`` when a
+        mask dim has no layout)."""
+        out = set()
+        for m in masks:
+            if m is None:
+                continue
+            for d, size in enumerate(m.shape):
+                p = m.prefix.get(d)
+                if size == 1 or (dims is not None and d not in dims):
+                    continue
+                if p is None:
+                    return None
+                out.update(sd[1][0] for sd in p if sd[1] is not None) if isinstance(
+                    p, _Subs) else out.add(p[0])
+        return frozenset(out)
+
     def mask_of(self, a) -> Optional[_Mask]:
         return self.masks.get(a) if isinstance(a, torch.fx.Node) else None
 
@@ -848,7 +879,12 @@ class _Masker:
             if n.op != "call_function":
                 continue
             with self.g.inserting_before(n):
-                self.visit(n)
+                try:
+                    self.visit(n)
+                except Unsupported as e:
+                    if e.syms is None:
+                        e.syms = self.syms_of(*[self.mask_of(a) for a in n.all_input_nodes])
+                    raise
         out = next(n for n in self.g.nodes if n.op == "output")
         outs = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
         self.out_masks = [self.mask_of(o) for o in outs]
@@ -943,7 +979,7 @@ class _Masker:
             d = args[1] % nd
             idx = args[2]
             if m.shape[d] != 1 and idx < 0:
-                raise Unsupported(f"{name}: index {idx} counts from the padded end of dim {d}")
+                raise _unsupported(f"{name}: index {idx} counts from the padded end of dim {d}", m, [d])
             node = self.call(aten.select.int, m.node, d, idx if m.shape[d] != 1 else 0)
             keep = [k for k in range(nd) if k != d]
             shape = tuple(m.shape[k] for k in keep)
@@ -967,7 +1003,7 @@ class _Masker:
             m = self.mask_of(args[0])
             d = args[1] % len(m.shape)
             if m.shape[d] != 1 and not _simple(m.prefix.get(d)):
-                raise Unsupported(f"{name} along a merged padded dim {d}")
+                raise _unsupported(f"{name} along a merged padded dim {d}", m, [d])
             self.masks[n] = m  # padding sits at the end: prefixes of real entries stay real
             return
         if op is aten.native_layer_norm.default:
@@ -975,7 +1011,7 @@ class _Masker:
             nd = _val(args[0]).dim()
             k = len(args[1])
             if m is not None and any(m.shape[d] != 1 for d in range(nd - k, nd)):
-                raise Unsupported(f"{name} normalizes over a padded dim")
+                raise _unsupported(f"{name} normalizes over a padded dim", m, range(nd - k, nd))
             for a in args[2:4]:
                 if self.mask_of(a) is not None:
                     raise Unsupported(f"{name}: padded weight or bias")
@@ -996,7 +1032,7 @@ class _Masker:
             m, mi = self.mask_of(args[0]), self.mask_of(args[2])
             d = args[1] % v.dim()
             if m is not None and m.shape[d] != 1:
-                raise Unsupported(f"{name} along padded dim {d}")
+                raise _unsupported(f"{name} along padded dim {d}", m, [d])
             if m is not None and any(m.shape[k] != 1 and m.shape[k] != v.shape[k]
                                      for k in range(v.dim())):
                 raise Unsupported(f"{name}: index smaller than the padded input")
@@ -1012,7 +1048,7 @@ class _Masker:
             m = self.mask_of(args[0])
             d = (args[2] if len(args) > 2 else n.kwargs.get("dim", 0)) % len(m.shape)
             if m.shape[d] != 1:
-                raise Unsupported(f"{name} along padded dim {d}")
+                raise _unsupported(f"{name} along padded dim {d}", m, [d])
             self.masks[n] = [m] * len(v)
             return
         if torch.Tag.pointwise in op.tags or op in _CARRY_OPS:
@@ -1120,13 +1156,13 @@ class _Masker:
         end = size if end is None else end
         if start < 0 or end < 0:
             if not _simple(m.prefix.get(d)) or step != 1:
-                raise Unsupported(f"{n.target}: slice [{start}:{end}] from the padded end of dim {d}")
+                raise _unsupported(f"{n.target}: slice [{start}:{end}] from the padded end of dim {d}", m, [d])
             # counted from the end: the true end moves with the true length
             sym, off = m.prefix[d]
             s0 = start if start >= 0 else None
             e0 = end if end < 0 else None
             if s0 is None:
-                raise Unsupported(f"{n.target}: slice start {start} from the padded end of dim {d}")
+                raise _unsupported(f"{n.target}: slice start {start} from the padded end of dim {d}", m, [d])
             out_size = _val(n).shape[d]
             # true slice is [start, len + off + end): length len + off + end - start
             pm = self.prefix_mask(sym, off + (e0 if e0 is not None else 0) - s0, out_size, d, nd)
@@ -1318,7 +1354,7 @@ class _Masker:
             if len(tm.shape) != nd:
                 raise Unsupported("cat of a padded tensor of another rank")
             if tm.shape[d] != 1:
-                raise Unsupported(f"cat along padded dim {d}")
+                raise _unsupported(f"cat along padded dim {d}", tm, [d])
             m = self.both(m, tm, nd)
         self.masks[n] = m
 
@@ -1340,6 +1376,7 @@ class _BucketedFunction:
         self.compile_static = compile_static
         self.analysis = _analyze(gm)
         self.programs: Dict[Any, Callable] = {}
+        self.exact_syms = set()  # dynamic sizes whose padding the masking cannot make safe
         self.lock = threading.RLock()  # a bucket found unsupported falls back to _run_exact under it
         self.unsupported = self.analysis.unsupported
         if self.unsupported:
@@ -1358,58 +1395,72 @@ class _BucketedFunction:
         with _stats_lock:
             _stats["calls"] += 1
         true = self._true_sizes(args)
-        value_syms = {s: v for s, v in true.items() if s not in a.symbols}
         items = tuple(float(args[i].item()) for i in a.item_inputs)
-        cfg = get_buckets()
-        buckets = {}
-        why_exact = self.unsupported
-        if why_exact is None:
-            for s in a.symbols:
-                b = cfg.bucket(true[s])
-                if b is None:
-                    why_exact = ("bucketing is off" if not cfg.enabled else
-                                 f"{s}={true[s]} is past the largest bucket {cfg.sizes[-1]}")
-                    break
-                buckets[s] = b
-        if why_exact is not None:
-            return self._run_exact(args, true, value_syms, items, why_exact)
-        key = ("bucket", tuple(buckets[s] for s in a.symbols),
-               tuple(sorted((str(k), v) for k, v in value_syms.items())), items)
-        prog = self.programs.get(key)
-        if prog is None:
+        while True:
+            # sizes found unsafe to pad stay exact (part of the key); the others are bucketed
+            bsyms = [s for s in a.symbols if s not in self.exact_syms]
+            value_syms = {s: v for s, v in true.items() if s not in bsyms}
+            cfg = get_buckets()
+            buckets = {}
+            why_exact = self.unsupported
+            if why_exact is None:
+                for s in bsyms:
+                    b = cfg.bucket(true[s])
+                    if b is None:
+                        why_exact = ("bucketing is off" if not cfg.enabled else
+                                     f"{s}={true[s]} is past the largest bucket {cfg.sizes[-1]}")
+                        break
+                    buckets[s] = b
+            if why_exact is not None:
+                return self._run_exact(args, true, value_syms, items, why_exact)
+            key = ("bucket", tuple(buckets[s] for s in bsyms),
+                   tuple(sorted((str(k), v) for k, v in value_syms.items())), items)
+            prog = self.programs.get(key)
+            if prog is not None:
+                break
             with self.lock:
                 prog = self.programs.get(key)
-                if prog is None:
-                    try:
-                        prog = self._compile_bucket(args, buckets, value_syms, true)
-                    except Unsupported as e:
-                        self.unsupported = str(e)
-                        return self._run_exact(args, true, value_syms, items, str(e))
-                    self.programs[key] = prog
-        padded = self._pad_inputs(args, buckets, true)
-        if padded[1]:
+                if prog is not None:
+                    break
+                try:
+                    prog = self._compile_bucket(args, buckets, value_syms, true, bsyms)
+                except Unsupported as e:
+                    syms = e.syms
+                    if syms and set(syms) < set(bsyms):
+                        self.exact_syms |= set(syms)
+                        names = ", ".join(sorted(str(x) for x in syms))
+                        _record(None, f"bucketing: {names} kept exact because {e}")
+                        continue
+                    self.unsupported = str(e)
+                    return self._run_exact(args, true, value_syms, items, str(e))
+                self.programs[key] = prog
+                break
+        padded, any_pad, dev = self._pad_inputs(args, buckets, true)
+        if any_pad:
             with _stats_lock:
                 _stats["padded_calls"] += 1
-        dev = padded[2]
-        lens = [torch.tensor(true[s], dtype=torch.int64, device=dev) for s in a.symbols]
-        outs = prog(*padded[0], *lens)
+        lens = [torch.tensor(true[s], dtype=torch.int64, device=dev) for s in bsyms]
+        outs = prog(*padded, *lens)
         return self._unpad_outputs(outs, true)
 
     # compile -------------------------------------------------------------
-    def _compile_bucket(self, args, buckets, value_syms, true):
+    def _compile_bucket(self, args, buckets, value_syms, true, bsyms):
         a = self.analysis
         traced = _trace_static(self.gm, a, args, buckets, value_syms)
-        ph_map = {}  # traced placeholder index -> {dim: sym}
+        ph_map = {}  # traced placeholder index -> {dim: sym}, bucketed sizes only
         for j, i in enumerate(a.tensor_inputs):
-            if i in a.dyn_dims:
-                ph_map[j] = a.dyn_dims[i]
+            dims = {d: s for d, s in a.dyn_dims.get(i, {}).items() if s in buckets}
+            if dims:
+                ph_map[j] = dims
         device = self._device(args)
-        masker = _Masker(traced, ph_map, a.symbols, device)
+        masker = _Masker(traced, ph_map, bsyms, device)
         masker.run()
         self._check_outputs(masker.out_masks)
         padded, _, dev = self._pad_inputs(args, buckets, true)
-        lens = [torch.tensor(true[s], dtype=torch.int64, device=dev) for s in a.symbols]
-        sizes = ", ".join(f"{s}={true[s]}->{buckets[s]}" for s in a.symbols)
+        lens = [torch.tensor(true[s], dtype=torch.int64, device=dev) for s in bsyms]
+        sizes = ", ".join([f"{s}={true[s]}->{buckets[s]}" for s in bsyms] +
+                          [f"{s}={v} exact" for s, v in sorted(value_syms.items(), key=lambda t: str(t[0]))
+                           if s in self.exact_syms])
         _record("bucket_compilations", f"bucketing: new bucket ({sizes})")
         return self.compile_static(traced, list(padded) + lens)
 
@@ -1424,8 +1475,10 @@ class _BucketedFunction:
                     continue
                 p = m.prefix.get(d)
                 if not _simple(p) or (e - (p[0] + p[1])) != 0:
-                    raise Unsupported(f"output {k} dim {d} (size {e}) is not a prefix of its "
+                    err = Unsupported(f"output {k} dim {d} (size {e}) is not a prefix of its "
                                       f"padded dim")
+                    err.syms = frozenset(e.free_symbols)
+                    raise err
 
     def _run_exact(self, args, true, value_syms, items, why):
         a = self.analysis
@@ -1464,7 +1517,7 @@ class _BucketedFunction:
             if dims:
                 pad: List[int] = []
                 for d in reversed(range(t.dim())):
-                    extra = buckets[dims[d]] - t.shape[d] if d in dims else 0
+                    extra = buckets.get(dims[d], t.shape[d]) - t.shape[d] if d in dims else 0
                     pad += [0, extra]
                 if any(pad):
                     any_pad = True
