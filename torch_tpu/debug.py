@@ -40,7 +40,9 @@ def region_stats() -> Dict[str, Union[int, Dict[str, int]]]:
     * ``flush_reasons``: regions flushed because a strictly run op read or
       wrote their memory (``conflict``), a synchronization or host read
       (``sync``), other stream or event use (``stream``), the size cap
-      (``size_cap``, ``TORCH_TPU_DEFER_MAX_OPS``), a view the IR cannot express
+      (``size_cap``, ``TORCH_TPU_DEFER_MAX_OPS``), a repeating op sequence
+      reaching a point where the size cap flushed before (``repeat``: training
+      loops get the same regions every iteration), a view the IR cannot express
       (``view``), or a mode change, stream switch or :func:`flush` (``other``).
     """
     return _C._defer_region_stats()

@@ -74,6 +74,7 @@ struct DeferStats {
   uint64_t flush_stream = 0;      // stream/event use, collective
   uint64_t flush_size_cap = 0;    // TORCH_TPU_DEFER_MAX_OPS reached
   uint64_t flush_view = 0;        // a view of a pending result that the IR cannot express
+  uint64_t flush_repeat = 0;      // a repeating op sequence reached an earlier size-cap flush point
   uint64_t flush_other = 0;       // mode change, explicit flush, stream switch
 };
 DeferStats defer_stats();

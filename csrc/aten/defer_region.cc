@@ -67,7 +67,7 @@ void update_stats(F&& f) {
   f(g_stats);
 }
 
-enum class Reason { kConflict, kSync, kStream, kSizeCap, kView, kOther };
+enum class Reason { kConflict, kSync, kStream, kSizeCap, kView, kRepeat, kOther };
 
 int64_t env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
@@ -158,9 +158,56 @@ struct Region {
   std::optional<Replay> replay;                  // while ops holds one op
 };
 
+// Detects a repeating op sequence (a training loop) so that regions end at
+// the same place in every iteration: a size-cap flush falls wherever the cap
+// is reached, at another offset into the loop body each time, which makes
+// every region new to the compile cache. The fingerprint of the last kWindow
+// recorded ops (label, shapes, dtypes) is remembered at each size-cap flush;
+// when the same fingerprint comes back, the region is flushed there again.
+struct RepeatDetector {
+  static constexpr int kWindow = 32;
+  static constexpr uint64_t kBase = 0x100000001b3ULL;
+  uint64_t keys[kWindow] = {};
+  uint64_t hash = 0, base_pow = 1;  // base_pow = kBase^kWindow once the window is full
+  int64_t count = 0;
+  std::unordered_set<uint64_t> cut_points;
+
+  // Adds op key k; returns the fingerprint of the window (0 until it is full).
+  uint64_t push(uint64_t k) {
+    const int slot = static_cast<int>(count % kWindow);
+    const uint64_t oldest = count >= kWindow ? keys[slot] : 0;
+    hash = hash * kBase + k - oldest * base_pow;
+    if (count < kWindow) base_pow *= kBase;
+    keys[slot] = k;
+    ++count;
+    return count >= kWindow ? (hash | 1) : 0;
+  }
+  void remember(uint64_t fp) {
+    if (!fp) return;
+    if (cut_points.size() >= 4096) cut_points.clear();
+    cut_points.insert(fp);
+  }
+  bool seen(uint64_t fp) const { return fp && cut_points.count(fp) != 0; }
+};
+
+// TORCH_TPU_DEFER_REPEAT=0 turns the repeating-sequence detector off.
+bool repeat_detection() {
+  static const bool on = [] {
+    const char* v = std::getenv("TORCH_TPU_DEFER_REPEAT");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h;
+}
+
 struct ChipState {
   std::recursive_mutex mu;
   std::unique_ptr<Region> region;
+  RepeatDetector repeat;
 };
 
 // One per chip, created on first use and never destroyed (pending regions
@@ -303,6 +350,7 @@ void count_reason(DeferStats& s, Reason why) {
     case Reason::kStream: ++s.flush_stream; break;
     case Reason::kSizeCap: ++s.flush_size_cap; break;
     case Reason::kView: ++s.flush_view; break;
+    case Reason::kRepeat: ++s.flush_repeat; break;
     case Reason::kOther: ++s.flush_other; break;
   }
 }
@@ -895,7 +943,23 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
   stack->push_back(std::move(result));
   g_pending_ops.fetch_add(1);
   update_stats([](DeferStats& s) { ++s.ops_recorded; });
-  if (static_cast<int64_t>(r.ops.size()) >= max_ops()) flush_locked(*cs, Reason::kSizeCap);
+  if (repeat_detection()) {
+    uint64_t key = mix(reinterpret_cast<uintptr_t>(&info.label), static_cast<uint64_t>(inplace));
+    for (const auto& o : operands) {
+      if (o.kind != Operand::Kind::kTensor) continue;
+      key = mix(key, static_cast<uint64_t>(o.tensor.scalar_type()));
+      for (int64_t d : o.tensor.sizes()) key = mix(key, static_cast<uint64_t>(d));
+    }
+    const uint64_t fp = cs->repeat.push(key);
+    if (static_cast<int64_t>(r.ops.size()) >= max_ops()) {
+      cs->repeat.remember(fp);
+      flush_locked(*cs, Reason::kSizeCap);
+    } else if (cs->repeat.seen(fp)) {
+      flush_locked(*cs, Reason::kRepeat);
+    }
+  } else if (static_cast<int64_t>(r.ops.size()) >= max_ops()) {
+    flush_locked(*cs, Reason::kSizeCap);
+  }
   return true;
 }
 

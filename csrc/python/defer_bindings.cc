@@ -36,6 +36,7 @@ void register_defer_bindings(py::module_& m) {
     why["stream"] = s.flush_stream;
     why["size_cap"] = s.flush_size_cap;
     why["view"] = s.flush_view;
+    why["repeat"] = s.flush_repeat;
     why["other"] = s.flush_other;
     d["flush_reasons"] = why;
     return d;

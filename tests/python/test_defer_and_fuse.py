@@ -397,6 +397,49 @@ def test_flush_triggers(defer):
     torch.testing.assert_close(w.cpu(), ref)
 
 
+def _loop_body(x, y):
+    # 7 recorded ops: 256 (the size cap) is no multiple of 7, so cap flushes
+    # alone would fall at 7 different offsets into the body.
+    return (torch.tanh(x * 0.5 + y) - 0.25) * 0.9 + y.sigmoid() * 0.1
+
+
+def test_repeating_op_sequence_flushes_at_the_same_place(defer):
+    g = torch.Generator().manual_seed(0)
+    x0, y0 = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+    x, y, ref = x0.tpu(), y0.tpu(), x0
+    for _ in range(100):                       # warm-up: the first cap flush sets the cut point
+        x, ref = _loop_body(x, y), _loop_body(ref, y0)
+    torch.testing.assert_close(x.cpu(), ref)
+    tdebug.reset_region_stats()
+    for _ in range(100):
+        x, ref = _loop_body(x, y), _loop_body(ref, y0)
+    torch.testing.assert_close(x.cpu(), ref)
+    s = stats()
+    # one region per iteration, cut at the same offset: compiled at most twice
+    # (the first and last partial iterations), the rest are cache hits
+    assert s["flush_reasons"]["repeat"] >= 95, s
+    assert s["flush_reasons"]["size_cap"] == 0, s
+    assert s["regions_compiled"] <= 2 and s["cache_hits"] >= 95, s
+
+
+def test_repeat_detection_off_drifts(run_python):
+    # Without the detector the same loop compiles a region per cap offset.
+    code = """
+        import json, torch, torch_tpu, torch_tpu.debug as d
+        torch_tpu.set_eager_mode("defer_and_fuse")
+        x, y = torch.randn(8, 16).tpu(), torch.randn(8, 16).tpu()
+        for _ in range(400):  # 12 ops a body
+            x = (torch.tanh(x * 0.5 + y) - 0.25) * 0.9 + y.sigmoid() * 0.1
+            x = x * 1.5 - x.exp() * 0.5 + 0.3
+        x.cpu()
+        print(json.dumps(d.region_stats()))
+    """
+    off = run_python(code, env={"TORCH_TPU_DEFER_REPEAT": "0"}).json()
+    on = run_python(code).json()
+    assert off["flush_reasons"]["repeat"] == 0 and off["regions_compiled"] >= 8, off
+    assert on["flush_reasons"]["repeat"] > 350 and on["regions_compiled"] <= 3, on
+
+
 def test_other_modes_flush_what_they_read():
     x = torch.randn(32).tpu()
     with torch_tpu.eager_mode("defer_and_fuse"):
