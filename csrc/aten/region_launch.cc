@@ -337,4 +337,52 @@ void enqueue_region(const RegionLaunch& l, c10::DeviceIndex device, const std::v
   vtpu_stream(current_stream(device)).enqueue(q->name, [q] { run_queued(*q); });
 }
 
+void enqueue_copies(c10::DeviceIndex device, const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs) {
+  TORCH_CHECK(dsts.size() == srcs.size(), "copy_: ", dsts.size(), " destinations for ", srcs.size(), " sources");
+  struct Pair {
+    TensorRecipe dst, src;
+    size_t bytes;
+  };
+  auto pairs = std::make_shared<std::vector<Pair>>();
+  vtpu::OpCost cost;
+  auto queue_batch = [&] {
+    if (pairs->empty()) return;
+    defer_before_stream_use(device);
+    chip(device).record_cost(cost);
+    vtpu_stream(current_stream(device))
+        .enqueue("aten::copy_ (" + std::to_string(pairs->size()) + " tensors, batched)", [pairs] {
+          for (const Pair& p : *pairs) {
+            auto* dst = static_cast<char*>(p.dst.storage.mutable_data()) +
+                        p.dst.storage_offset * static_cast<int64_t>(p.dst.dtype.itemsize());
+            const auto* src = static_cast<const char*>(p.src.storage.data()) +
+                              p.src.storage_offset * static_cast<int64_t>(p.src.dtype.itemsize());
+            std::memmove(dst, src, p.bytes);
+          }
+        });
+    pairs = std::make_shared<std::vector<Pair>>();
+    cost = vtpu::OpCost{};
+  };
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    const at::Tensor& d = dsts[i];
+    const at::Tensor& s = srcs[i];
+    const bool bytes = d.device().type() == c10::DeviceType::PrivateUse1 && d.device().index() == device &&
+                       s.device() == d.device() && d.scalar_type() == s.scalar_type() && d.sizes() == s.sizes() &&
+                       d.strides() == s.strides() && d.is_non_overlapping_and_dense() && !d.is_conj() &&
+                       !s.is_conj() && !d.is_neg() && !s.is_neg() && !d.storage().is_alias_of(s.storage());
+    if (!bytes) {
+      queue_batch();  // keeps the order of the copies
+      const_cast<at::Tensor&>(d).copy_(s);
+      continue;
+    }
+    defer_flush_storage(d.storage().unsafeGetStorageImpl());
+    defer_flush_storage(s.storage().unsafeGetStorageImpl());
+    pairs->push_back(Pair{TensorRecipe::of(d), TensorRecipe::of(s), static_cast<size_t>(d.numel()) * d.element_size()});
+    const double phys = static_cast<double>(vtpu::physical_bytes(
+        std::vector<int64_t>(d.sizes().begin(), d.sizes().end()), static_cast<int64_t>(d.element_size())));
+    cost.bytes_read += phys;
+    cost.bytes_written += phys;
+  }
+  queue_batch();
+}
+
 }  // namespace torch_tpu

@@ -59,4 +59,10 @@ std::vector<ir::ValueId> row_statistics(const ir::Graph& g);
 void enqueue_region(const RegionLaunch& l, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
                     const std::vector<at::Tensor>& outputs, std::string name);
 
+// dsts[i].copy_(srcs[i]) for every pair, in order, as one item on the current
+// stream of `device` (a program's write-back of updated parameters and optimizer
+// state). Pairs of the same dtype, shape and dense strides are byte copies in the
+// queued item; any other pair goes through ATen's copy_ before it is queued.
+void enqueue_copies(c10::DeviceIndex device, const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs);
+
 }  // namespace torch_tpu

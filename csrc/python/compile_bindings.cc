@@ -168,6 +168,16 @@ class Region {
     return L.results;
   }
 
+  // A splat of `value` in dtype (ATen's conversion: ints truncate, bool = value != 0).
+  ValueId constant(double value, py::handle dtype, std::vector<int64_t> shape) {
+    require_building();
+    const ir::ElementType t = element_type_of(scalar_type_of(dtype));
+    ValueId c = ir::is_float(t)  ? builder_.constant(ir::round_to_type(value, t), t)
+                : ir::is_pred(t) ? builder_.constant_int(value != 0 ? 1 : 0, t)
+                                 : builder_.constant_int(ir::wrap_to_type(static_cast<int64_t>(value), t), t);
+    return shape.empty() ? c : builder_.broadcast_in_dim(c, std::move(shape), {});
+  }
+
   // Ends building: `outputs` leave the region, in order.
   void finish(const std::vector<ValueId>& outputs) {
     require_building();
@@ -304,6 +314,7 @@ void register_compile_bindings(py::module_& parent) {
       .def("parameter", &Region::parameter, py::arg("dtype"), py::arg("shape"))
       .def("lower", &Region::lower, py::arg("name"), py::arg("overload"), py::arg("args"), py::arg("kwargs"),
            py::arg("out_types"))
+      .def("constant", &Region::constant, py::arg("value"), py::arg("dtype"), py::arg("shape"))
       .def("finish", &Region::finish)
       .def("stablehlo", &Region::stablehlo, py::arg("name") = "region")
       .def("structural_hash", &Region::structural_hash)
@@ -318,6 +329,10 @@ void register_compile_bindings(py::module_& parent) {
       .def_property_readonly("split", &Region::split)
       .def("describe", &Region::describe)
       .def("plan", &Region::plan);
+  m.def("copy_many", [](const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs, int device) {
+    translate_errors([&] { enqueue_copies(static_cast<c10::DeviceIndex>(device), dsts, srcs); });
+  }, py::arg("dsts"), py::arg("srcs"), py::arg("device"),
+  "dsts[i].copy_(srcs[i]) for each pair, dense same-layout pairs as one queued item on the chip's stream");
   m.def("ir_signature", [] {
     std::string s;
     for (int k = 0; k < ir::kNumOpKinds; ++k) s += std::string(ir::op_name(static_cast<ir::OpKind>(k))) + ",";

@@ -24,9 +24,11 @@ def _decompositions():
     table = dict(core_aten_decompositions())
     aten = torch.ops.aten
     table.update(get_decompositions([
-        aten.native_layer_norm, aten._native_batch_norm_legit_functional,
-        aten._native_batch_norm_legit_no_training,
+        aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training,
     ]))
+    # Layer norm stays one ATen op forward and backward: its fused CPU kernels beat the
+    # executor's reductions (a row mean, a row variance, a normalize pass) here.
+    table.pop(aten.native_layer_norm_backward.default, None)
     # PyTorch's own var/var_mean decompositions go through prims; these stay in ATen ops the IR lowers
     table[aten.var_mean.correction] = _var_mean
     table[aten.var.correction] = _var

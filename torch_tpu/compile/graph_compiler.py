@@ -40,7 +40,7 @@ from . import stats
 log = logging.getLogger("torch_tpu.compile")
 
 _RC = _C._compile
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAX_REGION_NODES = 512
 
 _TPU = "tpu"
@@ -163,18 +163,24 @@ def _is_host_scalar(v) -> bool:
 
 
 _NOT_FUSIBLE_TAGS = (torch.Tag.nondeterministic_seeded,)
+# Ops that have lowerings but whose ATen kernels (vectorized, on the intra-op threads)
+# beat the executor's multi-pass reductions: library calls.
+_ATEN_PREFERRED = {
+    "aten::_softmax.default", "aten::_log_softmax.default",
+    "aten::_softmax_backward_data.default", "aten::_log_softmax_backward_data.default",
+}
 
 
 def _fusible(n: torch.fx.Node) -> bool:
     """Whether the op lowers to the IR with these arguments (probed on a scratch region)."""
     if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
         return False
-    if any(t in n.target.tags for t in _NOT_FUSIBLE_TAGS):
+    if any(t in n.target.tags for t in _NOT_FUSIBLE_TAGS) or _op_name(n.target) in _ATEN_PREFERRED:
         return False
     out = _val(n)
     if not _is_tpu_tensor(out) or out.numel() == 0:
         return False
-    ins = n.all_input_nodes
+    ins = _data_inputs(n)
     for a in ins:
         v = _val(a)
         if _is_host_scalar(v):
@@ -190,7 +196,39 @@ def _fusible(n: torch.fx.Node) -> bool:
     return res is not None
 
 
+# Factories whose result is a splat: constants inside a region (no allocation, no pass).
+_FACTORIES = {
+    "aten::full_like.default": lambda n: n.args[1],
+    "aten::full.default": lambda n: n.args[1],
+    "aten::scalar_tensor.default": lambda n: n.args[0],
+    "aten::zeros_like.default": lambda n: 0,
+    "aten::ones_like.default": lambda n: 1,
+}
+
+
+def _data_inputs(n) -> List[torch.fx.Node]:
+    """The inputs whose values a node reads (a full_like reads only its input's shape)."""
+    if _op_name(n.target) in _FACTORIES:
+        return []
+    return n.all_input_nodes
+
+
 def _lower(region, n, vals):
+    fac = _FACTORIES.get(_op_name(n.target))
+    if fac is not None:
+        value = fac(n)
+        out = _val(n)
+        if not isinstance(value, (int, float, bool)) or out.layout != torch.strided:
+            return None
+        if out.dtype == torch.bool:
+            value = float(bool(value))
+        if not (out.dtype.is_floating_point or out.dtype == torch.bool) and value != int(value):
+            return None
+        try:
+            return [region.constant(float(value), out.dtype, list(out.shape))]
+        except (TypeError, ValueError):
+            return None
+
     def sub(a):
         if isinstance(a, torch.fx.Node):
             return vals[a]
@@ -322,8 +360,12 @@ def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: 
             d.add(region_of[n])
         anc[n] = frozenset(d)
 
-    # single-node regions whose op ATen runs as fast: keep them regions anyway
-    # (one fused kernel, no dispatch); empty regions cannot occur.
+    # A region of one op runs ATen's kernel instead (a library call): fusion gains
+    # nothing there, and ATen's kernel (vectorized, on the intra-op threads) is faster
+    # than the executor's for a lone softmax, gelu or cast (defer_and_fuse does the same).
+    if os.environ.get("TORCH_TPU_COMPILE_SINGLE_OP_REGIONS", "0") != "1":
+        for n in [n for n in region_of if region_size[region_of[n]] == 1]:
+            del region_of[n]
 
     # ---- steps: condensed DAG in topological order (stable by first node)
     step_of: Dict[torch.fx.Node, Tuple[str, int]] = {}
@@ -387,7 +429,7 @@ def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: 
             member_set = set(members)
             ops = []
             for n in members:
-                for a in n.all_input_nodes:
+                for a in _data_inputs(n):
                     if a not in vals:
                         va = _val(a)
                         vals[a] = _RC.Value(r.parameter(va.dtype, list(va.shape)))
@@ -429,6 +471,8 @@ def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: 
             else:
                 raise _Uncacheable(f"FX node {n.op} {n.target}")
             step_nodes.append([n])
+
+    steps, step_nodes = _batch_copies(steps, step_nodes, slot_of)
 
     # ---- liveness: a slot is dropped after its last use; a view keeps its base alive
     last_use: Dict[int, int] = {}
@@ -509,6 +553,34 @@ def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: 
     }
 
 
+def _batch_copies(steps, step_nodes, slot_of):
+    """Consecutive ``copy_(dst, src)`` calls between tpu tensors of one dtype and shape
+    (the write-back of parameters and optimizer state) become one ``copies`` step: one
+    queued item instead of one dispatch per tensor."""
+    out_steps, out_nodes = [], []
+    for st, nodes in zip(steps, step_nodes):
+        n = nodes[0]
+        ok = (st["kind"] == "call" and st["op"] == "aten::copy_.default" and len(n.args) == 2 and not n.kwargs
+              and all(isinstance(a, torch.fx.Node) for a in n.args))
+        if ok:
+            d, s_ = _val(n.args[0]), _val(n.args[1])
+            ok = (_is_tpu_tensor(d) and _is_tpu_tensor(s_) and d.dtype == s_.dtype and d.shape == s_.shape
+                  and d.device == s_.device)
+        if ok and out_steps and out_steps[-1]["kind"] == "copies" and out_steps[-1]["device"] == (d.device.index or 0):
+            out_steps[-1]["pairs"].append([slot_of[n.args[0]], slot_of[n.args[1]]])
+            out_steps[-1]["outputs"].append(slot_of[n])
+            out_nodes[-1].append(n)
+            continue
+        if ok:
+            out_steps.append({"kind": "copies", "pairs": [[slot_of[n.args[0]], slot_of[n.args[1]]]],
+                              "outputs": [slot_of[n]], "device": d.device.index or 0})
+            out_nodes.append([n])
+            continue
+        out_steps.append(st)
+        out_nodes.append(nodes)
+    return out_steps, out_nodes
+
+
 def _type_str(v) -> str:
     if isinstance(v, torch.Tensor):
         return _mlir_type(v.dtype, list(v.shape))
@@ -570,6 +642,8 @@ def _step_reads(st) -> List[int]:
         return list(st["inputs"])
     if st["kind"] == "getattr":
         return []
+    if st["kind"] == "copies":
+        return [x for pair in st["pairs"] for x in pair]
     return _slots_in(st["args"]) + _slots_in(st["kwargs"])
 
 
@@ -617,6 +691,18 @@ class Program:
                     env[s] = t
 
             return run_region
+        if st["kind"] == "copies":
+            dsts = tuple(p[0] for p in st["pairs"])
+            srcs = tuple(p[1] for p in st["pairs"])
+            dev = st["device"]
+
+            def run_copies(env, dsts=dsts, srcs=srcs, outs=tuple(outs), dev=dev):
+                d = [env[s] for s in dsts]
+                _RC.copy_many(d, [env[s] for s in srcs], dev)
+                for o, t in zip(outs, d):
+                    env[o] = t
+
+            return run_copies
         if st["kind"] == "getattr":
             if gm is None:
                 raise RuntimeError("program with graph constants needs its GraphModule")
@@ -714,7 +800,14 @@ def check_memory(desc: Dict[str, Any], kind: str) -> None:
 
 
 def library_ops(desc: Dict[str, Any]) -> List[str]:
-    return [st["op"] for st in desc["steps"] if st["kind"] == "call"]
+    """ATen ops a program runs as library calls, once per call (batched copies included)."""
+    out = []
+    for st in desc["steps"]:
+        if st["kind"] == "call":
+            out.append(st["op"])
+        elif st["kind"] == "copies":
+            out += ["aten::copy_.default"] * len(st["pairs"])
+    return out
 
 
 # ---------------------------------------------------------------- entry point
@@ -812,6 +905,11 @@ def to_stablehlo(desc: Dict[str, Any], name: str = "program") -> str:
             in_t = ", ".join(types.get(s, "!torch.any") for s in st["inputs"])
             res = ", ".join(f"%{s}" for s in st["outputs"])
             body.append(f"    {res} = func.call @{fname}({ins}) : ({in_t}) -> ({', '.join(out_types)})")
+        elif st["kind"] == "copies":
+            for (d, src), o in zip(st["pairs"], st["outputs"]):
+                body.append(f"    %{o} = stablehlo.custom_call @\"aten::copy_.default\"(%{d}, %{src}) "
+                            f"{{backend_config = \"batched\"}} : ({types.get(d, '!torch.any')}, "
+                            f"{types.get(src, '!torch.any')}) -> !torch.any")
         elif st["kind"] == "getattr":
             body.append(f"    %{st['outputs'][0]} = \"torch.constant\"() {{name = \"{st['name']}\"}} : () -> !torch.any")
         else:
