@@ -360,6 +360,58 @@ def test_size_that_cannot_be_padded_stays_exact_others_bucketed(fresh):
         in st["reasons"][0], st["reasons"]
 
 
+class InPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        h = self.act(self.lin(x)) * 2
+        h += x
+        h.mul_(2)
+        return torch.softmax(h, 1).sum(1)
+
+
+def test_in_place_ops_are_bucketed(fresh):
+    """relu_, +=, mul_ are functionalized before masking: bucketed, grads equal CPU."""
+    cpu, tpu = _pair(InPlace)
+    compiled = torch.compile(tpu, backend="tpu", dynamic=True)
+    for n in (3, 5, 6):
+        x = torch.randn(2, n, 8)
+        xc, xt = x.clone().requires_grad_(), x.to("tpu").requires_grad_()
+        want, got = cpu(xc), compiled(xt)
+        want.pow(2).sum().backward()
+        got.pow(2).sum().backward()
+        torch.testing.assert_close(got.detach().cpu(), want.detach(), **TOL)
+        torch.testing.assert_close(xt.grad.cpu(), xc.grad, **TOL)
+    st = bucketing.bucket_stats()
+    assert st["bucket_compilations"] == 2 and st["exact_compilations"] == 0, st
+
+
+def test_mutated_padded_input_compiles_exactly(fresh):
+    """A graph writing into a dynamic-size input cannot run on a padded copy: exact shapes,
+    and the caller's tensors are updated."""
+
+    def f(x, buf):
+        buf.add_(1)
+        x.mul_(2)
+        return x.sum(1)
+
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    buf = torch.zeros(3, device="tpu")
+    for k, n in enumerate((3, 5), start=1):
+        x = torch.randn(2, n, device="tpu")
+        x0 = x.clone()
+        out = compiled(x, buf)
+        torch.testing.assert_close(out.cpu(), (x0 * 2).sum(1).cpu(), **TOL)
+        torch.testing.assert_close(x.cpu(), (x0 * 2).cpu())
+        assert buf.cpu().tolist() == [float(k)] * 3
+    st = bucketing.bucket_stats()
+    assert st["bucket_compilations"] == 0 and st["exact_compilations"] == 2, st
+    assert all("copy_" in r for r in st["reasons"]), st["reasons"]
+
+
 def test_configured_buckets_are_used(fresh, monkeypatch):
     monkeypatch.setenv(bucketing.ENV_VAR, "16,+16")
     bucketing.set_buckets(None)

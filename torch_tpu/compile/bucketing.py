@@ -471,7 +471,10 @@ def _trace_static(gm, analysis: _Analysis, args: Sequence, sizes: Dict[Any, int]
             f.requires_grad_(real.requires_grad)
         fakes.append(f)
     with fake_mode:
-        traced = make_fx(fn, decomposition_table=_trace_decompositions())(*fakes)
+        # functionalized: in-place ops (relu_, +=) become out-of-place ones the masking
+        # handles; a mutation of an input stays as a trailing copy_
+        traced = make_fx(torch.func.functionalize(fn, remove="mutations"),
+                         decomposition_table=_trace_decompositions())(*fakes)
     return traced
 
 
