@@ -1458,6 +1458,21 @@ class _Masker:
 # ---------------------------------------------------------------------------
 
 
+_length_cache: Dict[Tuple[str, int], torch.Tensor] = {}
+
+
+def _length_tensor(value: int, device: torch.device) -> torch.Tensor:
+    """A 0-dim int64 tensor holding a true length, on ``device``; cached (programs only read
+    it), so a call does not copy it to the device again."""
+    key = (str(device), value)
+    t = _length_cache.get(key)
+    if t is None:
+        if len(_length_cache) > 4096:
+            _length_cache.clear()
+        t = _length_cache[key] = torch.tensor(value, dtype=torch.int64, device=device)
+    return t
+
+
 class _BucketedFunction:
     """What :func:`compile_bucketed` returns: picks, compiles and runs a bucket's program."""
 
@@ -1529,8 +1544,7 @@ class _BucketedFunction:
         if any_pad:
             with _stats_lock:
                 _stats["padded_calls"] += 1
-        lens = [torch.tensor(true[s], dtype=torch.int64, device=dev) for s in bsyms]
-        outs = prog(*padded, *lens)
+        outs = prog(*padded, *[_length_tensor(true[s], dev) for s in bsyms])
         return self._unpad_outputs(outs, true)
 
     # compile -------------------------------------------------------------
@@ -1547,7 +1561,7 @@ class _BucketedFunction:
         masker.run()
         self._check_outputs(masker.out_masks)
         padded, _, dev = self._pad_inputs(args, buckets, true)
-        lens = [torch.tensor(true[s], dtype=torch.int64, device=dev) for s in bsyms]
+        lens = [_length_tensor(true[s], dev) for s in bsyms]
         sizes = ", ".join([f"{s}={true[s]}->{buckets[s]}" for s in bsyms] +
                           [f"{s}={v} exact" for s, v in sorted(value_syms.items(), key=lambda t: str(t[0]))
                            if s in self.exact_syms])
