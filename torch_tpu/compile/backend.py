@@ -152,7 +152,6 @@ def compile_static(gm: torch.fx.GraphModule, example_inputs: List) -> Callable:
     Raises:
         torch.OutOfMemoryError: a program's peak physical HBM bytes exceed the chip's capacity.
     """
-    from functorch.compile import make_boxed_func  # noqa: F401
     from torch._dynamo.backends.common import aot_autograd
 
     backend = aot_autograd(
@@ -175,7 +174,6 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: List) -> Callable:
     becomes its own program).
     """
     _note_dynamo_events()
-    stats.add("graphs", 0)
     if _has_symbolic_inputs(example_inputs):
         try:
             from . import bucketing  # owned by the bucketing work (dynamic shapes)
@@ -197,7 +195,10 @@ def _note_dynamo_events() -> None:
     # data-dependent branching, under "unimplemented"
     items = list(counters["graph_break"].items()) + list(counters["unimplemented"].items())
     for reason, n in items:
-        if n > seen.get(reason, 0):
+        prev = seen.get(reason, 0)
+        if n < prev:  # torch._dynamo.reset() cleared Dynamo's counters
+            prev = 0
+        if n > prev:
             lines = [ln.strip() for ln in str(reason).strip().splitlines()]
             short = lines[0] if lines else "unknown reason"
             where = next((ln.lstrip("# ") for ln in lines if ln.startswith("# File ")), None)
@@ -205,7 +206,7 @@ def _note_dynamo_events() -> None:
                 short += f" ({where})"
             log.warning("graph break: %s (Python runs between the compiled graphs there)", short)
             stats.append("graph_break_reasons", short)
-            stats.add("graph_breaks", n - seen.get(reason, 0))
+            stats.add("graph_breaks", n - prev)
             seen[reason] = n
 
 

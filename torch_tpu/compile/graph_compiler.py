@@ -151,13 +151,6 @@ def _is_tpu_tensor(v) -> bool:
     return isinstance(v, torch.Tensor) and v.device.type == _TPU
 
 
-def _tensor_args(n: torch.fx.Node):
-    out = []
-    for a in n.all_input_nodes:
-        out.append(a)
-    return out
-
-
 def _is_host_scalar(v) -> bool:
     return isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.dim() == 0
 
