@@ -210,9 +210,13 @@ def test_unknown_topology_lists_valid_names(corpus_dir, tmp_path):
     assert p.returncode == 2 and "v9z-8" in p.stderr and "tpu7x" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_unavailable_mode(tmp_path):
-    p = demo("--mode", "compile", "--out", tmp_path)
-    assert p.returncode == 2 and "not available yet" in p.stderr
+def test_compile_mode(corpus_dir, tmp_path):
+    # torch.compile(backend="tpu") of the model and the AdamW step
+    p = demo("--mode", "compile", "--corpus", corpus_dir, "--out", tmp_path, "--steps", 3, *TINY,
+             env={"TORCH_TPU_CACHE_DIR": str(tmp_path / "cache")}, timeout=300)
+    out = last_json(p)
+    assert out["steps"] == 3 and math.isfinite(out["val_loss"])
+    assert len(list((tmp_path / "cache" / "programs").glob("*.json"))) >= 3  # forward, backward, AdamW
 
 
 def test_out_of_hbm_message(corpus_dir, tmp_path):
