@@ -256,6 +256,7 @@ SCRIPT = textwrap.dedent("""
     s = torch_tpu.compile_stats()
     print(json.dumps({"compilations": s["compilations"], "disk": s["cache_hits_disk"],
                       "corrupt": s["corrupt_cache_entries"], "sum": y.sum().item()}))
+    torch.tpu.synchronize()  # the backward's queued work done before the interpreter exits
 """)
 
 
