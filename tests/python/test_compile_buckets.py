@@ -40,6 +40,7 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(tpu_backend_mod, "compile_static", counting)
     yield calls
     torch._dynamo.reset()
+    monkeypatch.delenv(bucketing.ENV_VAR, raising=False)
     bucketing.set_buckets(None)
 
 
@@ -92,6 +93,14 @@ def test_bad_env_var_raises_value_error(monkeypatch):
         bucketing.set_buckets(None)
     monkeypatch.setenv(bucketing.ENV_VAR, "16,+16")
     assert bucketing.set_buckets(None).bucket(17) == 32
+
+
+def test_bad_env_var_reaches_torch_compile_caller_as_value_error(monkeypatch):
+    monkeypatch.setenv(bucketing.ENV_VAR, "8,x")
+    bucketing._config = None  # as in a fresh process: read at the first dynamic graph
+    compiled = torch.compile(lambda x: x.sum(1), backend="tpu", dynamic=True)
+    with pytest.raises(ValueError, match="TORCH_TPU_COMPILE_BUCKETS: bucket 'x'"):
+        compiled(torch.randn(2, 5, device="tpu"))
 
 
 # ---------------------------------------------------------------------------

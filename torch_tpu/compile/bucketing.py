@@ -88,6 +88,24 @@ class BucketConfig:
         return ",".join([str(s) for s in self.sizes] + ([f"+{self.step}"] if self.step else []))
 
 
+def _config_error(msg: str) -> ValueError:
+    """A ValueError that torch.compile lets through to the caller as it is (Dynamo wraps
+    other backend errors in BackendCompilerFailed)."""
+    try:
+        from torch._dynamo.exc import ShortenTraceback
+    except ImportError:
+        return ValueError(msg)
+
+    class BucketSpecError(ValueError, ShortenTraceback):
+        def __init__(self, message):
+            ValueError.__init__(self, message)
+            self.first_useful_frame = None
+
+    BucketSpecError.__module__ = "builtins"
+    BucketSpecError.__name__ = BucketSpecError.__qualname__ = "ValueError"
+    return BucketSpecError(msg)
+
+
 def parse_buckets(spec) -> BucketConfig:
     """Parse a bucket specification.
 
@@ -112,7 +130,7 @@ def parse_buckets(spec) -> BucketConfig:
     else:
         items = [str(t).strip() for t in spec]
     if not items or items == [""]:
-        raise ValueError(f"{ENV_VAR}: empty bucket specification {spec!r}; expected e.g. "
+        raise _config_error(f"{ENV_VAR}: empty bucket specification {spec!r}; expected e.g. "
                          f"'{DEFAULT_SPEC}' or 'off'")
     sizes: List[int] = []
     step = None
@@ -122,21 +140,21 @@ def parse_buckets(spec) -> BucketConfig:
         try:
             v = int(body)
         except ValueError:
-            raise ValueError(f"{ENV_VAR}: bucket {t!r} in {spec!r} is not an integer; expected "
+            raise _config_error(f"{ENV_VAR}: bucket {t!r} in {spec!r} is not an integer; expected "
                              f"ascending sizes like '{DEFAULT_SPEC}' or 'off'") from None
         if v <= 0:
-            raise ValueError(f"{ENV_VAR}: bucket {t!r} in {spec!r} must be positive")
+            raise _config_error(f"{ENV_VAR}: bucket {t!r} in {spec!r} must be positive")
         if is_step:
             if i != len(items) - 1:
-                raise ValueError(f"{ENV_VAR}: step {t!r} in {spec!r} must be the last item")
+                raise _config_error(f"{ENV_VAR}: step {t!r} in {spec!r} must be the last item")
             step = v
         else:
             if sizes and v <= sizes[-1]:
-                raise ValueError(f"{ENV_VAR}: bucket sizes in {spec!r} must be strictly "
+                raise _config_error(f"{ENV_VAR}: bucket sizes in {spec!r} must be strictly "
                                  f"ascending ({v} after {sizes[-1]})")
             sizes.append(v)
     if not sizes and step is None:
-        raise ValueError(f"{ENV_VAR}: no bucket sizes in {spec!r}")
+        raise _config_error(f"{ENV_VAR}: no bucket sizes in {spec!r}")
     return BucketConfig(tuple(sizes), step)
 
 
