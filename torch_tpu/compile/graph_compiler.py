@@ -814,6 +814,23 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: List, kind: str):
     HBM bytes exceed the chip's capacity.
     """
     t0 = time.perf_counter()
+    if _symbolic(gm, example_inputs):
+        # Dynamic shapes reach here only without the bucketing pass: the graph runs as it
+        # is, op by op (each a library call on the chip), for every size.
+        log.info("%s graph with symbolic sizes: runs op by op (no program built)", kind)
+        stats.add("graphs")
+        stats.count_library_ops(_op_name(n.target) for n in gm.graph.nodes
+                                if n.op == "call_function" and _op_name(n.target))
+        run_gm = gm.forward
+
+        def run_dynamic(args: List) -> List:
+            a = list(args)
+            args.clear()
+            out = run_gm(*a)
+            return list(out) if isinstance(out, (list, tuple)) else [out]
+
+        run_dynamic._boxed_call = True
+        return run_dynamic
     gm.graph.eliminate_dead_code()
     _cse(gm)
     gm.graph.eliminate_dead_code()
@@ -866,6 +883,17 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: List, kind: str):
     run._boxed_call = True  # AOTAutograd passes one list, which the program empties
     run.program = prog
     return run
+
+
+def _symbolic(gm, example_inputs) -> bool:
+    def sym(v):
+        if isinstance(v, torch.SymInt):
+            return True
+        return isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in v.shape)
+
+    if any(sym(x) for x in example_inputs):
+        return True
+    return any(n.op == "placeholder" and sym(n.meta.get("val")) for n in gm.graph.nodes)
 
 
 def to_stablehlo(desc: Dict[str, Any], name: str = "program") -> str:
