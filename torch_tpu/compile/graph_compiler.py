@@ -460,6 +460,7 @@ def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: 
                     "args": _encode(list(n.args), slot_of),
                     "kwargs": _encode(dict(n.kwargs), slot_of),
                     "outputs": [slot_of[n]],
+                    "type": _type_str(_val(n)),
                 })
             else:
                 raise _Uncacheable(f"FX node {n.op} {n.target}")
@@ -938,9 +939,11 @@ def to_stablehlo(desc: Dict[str, Any], name: str = "program") -> str:
             ins = ", ".join(f"%{s}" for s in reads)
             consts = _describe_args(st["args"]) + (" " + _describe_args(st["kwargs"]) if st["kwargs"].get("d") else "")
             op = "getitem" if st["kind"] == "getitem" else st["op"]
+            out_t = st.get("type", "!torch.any")
+            types[st["outputs"][0]] = out_t
             body.append(f"    %{st['outputs'][0]} = stablehlo.custom_call @\"{op}\"({ins}) "
                         f"{{backend_config = \"{consts}\"}} : ({', '.join(types.get(s, '!torch.any') for s in reads)})"
-                        f" -> !torch.any")
+                        f" -> {out_t}")
     outs = _slots_in(desc["outputs"])
     lines.append(f"  func.func @main({', '.join(f'%{i}: {t}' for i, t in enumerate(desc['input_types']))}) {{")
     lines += body
