@@ -17,8 +17,9 @@ _registered = False
 
 
 def _decompositions():
-    """Core ATen decompositions, plus ones that let normalization fuse (layer and
-    batch norm forward become reductions and elementwise work the IR lowers)."""
+    """Core ATen decompositions, plus: batch norm forward as reductions and
+    elementwise work the IR lowers, var/var_mean in ATen ops, _foreach_* per tensor;
+    minus layer norm's backward (ATen's kernel runs)."""
     from torch._decomp import core_aten_decompositions, get_decompositions
 
     table = dict(core_aten_decompositions())
