@@ -220,7 +220,11 @@ void ShmGroup::check_health(int waiting_for, bool all, const std::string& what,
 template <typename Ready>
 void ShmGroup::wait_impl(int r, bool all, Ready ready, const std::string& what) {
   if (ready()) return;
-  for (int i = 0; i < 256; ++i) {
+  // Oversubscribed (more ranks than CPUs): the awaited peer needs this CPU, so sleep at
+  // once; spinning or yielding halved 4-rank all_reduce bandwidth on 2 cores.
+  const int spins = opts_.spin ? 256 : 0;
+  const int yields = opts_.spin ? 16 : 0;
+  for (int i = 0; i < spins; ++i) {
     _mm_pause();
     if (ready()) return;
   }
@@ -230,7 +234,7 @@ void ShmGroup::wait_impl(int r, bool all, Ready ready, const std::string& what) 
     Header& h = header(r);
     const uint32_t bell = h.doorbell.load(std::memory_order_seq_cst);
     if (ready()) return;
-    if (round < 16) {
+    if (round < yields) {
       std::this_thread::yield();
     } else {
       h.sleepers.fetch_add(1, std::memory_order_seq_cst);

@@ -55,6 +55,7 @@ class ShmGroup {
                                         // differs when the group spans hosts)
     size_t buffer_bytes = 2 << 20;      // each of the two collective buffers
     size_t p2p_bytes = 1 << 20;         // mailbox per destination
+    bool spin = true;                   // waits spin and yield before sleeping on the futex
   };
 
   // Rendezvous through `store`: creates this rank's segment, maps the peers',
