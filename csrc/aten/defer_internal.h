@@ -2,6 +2,7 @@
 // the table of op lowerings (defer_lower.cc).
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/Scalar.h>
@@ -46,7 +47,21 @@ class ScalarSink {
   // `v` is already in type t (floats rounded, integers wrapped); `arg` is the
   // argument position it came from.
   virtual ValueId scalar(ir::Builder& b, size_t arg, const ir::Scalar& v, ir::ElementType t) = 0;
+  // A pred mask of `shape`, true with probability p, drawn when the region
+  // runs from `gen` (a tpu generator) exactly as ATen's bernoulli_(p) would
+  // draw it at that point of the program. Regions only (NotFusible elsewhere).
+  virtual ValueId bernoulli_mask(ir::Builder& b, const ir::Shape& shape, double p, const at::Generator& gen) {
+    throw NotFusible{};
+  }
 };
+
+// Fills out[0..n) with 0/1 exactly as ATen's CPU bernoulli_(p) fills a bool
+// tensor of n contiguous elements from `gen` (a tpu generator: its host
+// engine), advancing the generator the same way. Runs on the chip's stream.
+void draw_bernoulli_mask(const at::Generator& gen, double p, uint8_t* out, int64_t n);
+// Whether draw_bernoulli_mask uses its vectorized mt19937 (checked once
+// against ATen's kernel) or calls ATen's kernel (e.g. ATen's MKL path on Intel CPUs).
+bool bernoulli_mask_is_vectorized();
 
 // What a lowering sees: the operands, the result type from the meta kernel,
 // the builder, and helpers that follow ATen's type-promotion and opmath rules.
@@ -84,6 +99,11 @@ class Lowering {
   ValueId user_scalar(size_t arg, double v, ir::ElementType t, ir::Shape shape);
   // The opmath value `v` rounded to the k-th result's dtype.
   ValueId finish(ValueId v, size_t k = 0);
+  // See ScalarSink::bernoulli_mask.
+  ValueId bernoulli_mask(const ir::Shape& shape, double p, const at::Generator& gen) {
+    if (!sink_) throw NotFusible{};
+    return sink_->bernoulli_mask(b, shape, p, gen);
+  }
 
   // Per result: the IR value (set by the lowering).
   std::vector<ValueId> results;

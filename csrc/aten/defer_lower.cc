@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "aten/defer_internal.h"
+#include "aten/generator.h"
 
 namespace torch_tpu::defer {
 
@@ -168,14 +169,16 @@ c10::ScalarType float_out(Lowering& L) {
 // ---------------------------------------------------------------- binary
 
 // self + alpha * other (sub: -, rsub: other - alpha * self).
-void add_sub(Lowering& L, OpKind kind, bool reverse) {
+// exact_scalar false: a scalar operand is rounded to the common dtype first
+// (ATen's add/sub.Scalar and mul_.Scalar on 16-bit floats).
+void add_sub(Lowering& L, OpKind kind, bool reverse, bool exact_scalar = true) {
   c10::ScalarType ct = L.promote({0, 1});
   require(ct != c10::kBool);
   const auto& shape = L.out().shape;
   Ops o = ops_for(L, ct, shape);
   size_t first = reverse ? 1 : 0, second = reverse ? 0 : 1;
   ValueId a = L.load(first, ct, shape, false);
-  ValueId b = L.load(second, ct, shape, /*exact_scalar=*/true);
+  ValueId b = L.load(second, ct, shape, exact_scalar);
   if (!L.is_none(2)) {
     c10::Scalar alpha = L.scalar(2);
     require(!alpha.isComplex());
@@ -189,13 +192,13 @@ void add_sub(Lowering& L, OpKind kind, bool reverse) {
   L.results = {L.finish(L.b.binary(kind, a, b))};
 }
 
-void mul_div(Lowering& L, OpKind kind) {
+void mul_div(Lowering& L, OpKind kind, bool exact_scalar = true) {
   c10::ScalarType ct = L.promote({0, 1});
   if (kind == OpKind::kDivide && c10::isIntegralType(ct, /*includeBool=*/true)) ct = float_out(L);
   require(ct != c10::kBool);
   const auto& shape = L.out().shape;
   ValueId a = L.load(0, ct, shape, false);
-  ValueId b = L.load(1, ct, shape, /*exact_scalar=*/true);
+  ValueId b = L.load(1, ct, shape, exact_scalar);
   L.results = {L.finish(L.b.binary(kind, a, b))};
 }
 
@@ -642,6 +645,34 @@ void softmax_backward(Lowering& L, bool log) {
   L.results = {L.finish(r)};
 }
 
+// ---------------------------------------------------------------- random
+
+// bernoulli.p(self, p, generator) and bernoulli_.float: self's dtype and
+// shape, 1 with probability p; the mask is drawn from the generator when the
+// region runs, in program order (see draw_bernoulli_mask).
+void bernoulli(Lowering& L) {
+  const double p = L.ivalue(1).toDouble();
+  require(p >= 0.0 && p <= 1.0);  // ATen raises for others
+  at::Generator gen;
+  if (!L.is_none(2)) gen = L.ivalue(2).toGenerator();
+  else if (L.is_tensor(0)) gen = default_generator(L.arg(0).tensor.device().index());
+  if (!gen.defined() || gen.device().type() != c10::DeviceType::PrivateUse1) throw NotFusible{};  // strict raises
+  ValueId m = L.bernoulli_mask(L.out().shape, p, gen);
+  L.results = {L.finish(L.b.convert(m, ir_or_throw(L.out_dtype())))};
+}
+
+// native_dropout_backward(grad, mask, scale) = grad * mask * scale (ATen's kernel).
+void native_dropout_backward(Lowering& L) {
+  c10::ScalarType ct = L.promote({0, 1});
+  require(c10::isFloatingType(ct));
+  const auto& shape = L.out().shape;
+  const ElementType mt = opmath_of(ir_or_throw(ct));
+  ValueId t = L.finish(L.b.binary(OpKind::kMultiply, L.load(0, ct, shape), L.load(1, ct, shape)));
+  if (L.b.type(t).dtype != mt) t = L.b.convert(t, mt);
+  ValueId s = L.user_scalar(2, L.ivalue(2).toDouble(), mt, shape);
+  L.results = {L.finish(L.b.binary(OpKind::kMultiply, t, s))};
+}
+
 // ---------------------------------------------------------------- the table
 
 using Table = std::unordered_map<std::string, LowerFn>;
@@ -674,6 +705,12 @@ Table build_table() {
     add_op(t, std::string("aten::bitwise_and") + ov, [](Lowering& L) { bitwise(L, OpKind::kAnd); });
     add_op(t, std::string("aten::bitwise_or") + ov, [](Lowering& L) { bitwise(L, OpKind::kOr); });
   }
+  // ATen rounds the scalar of these overloads to a 16-bit common dtype.
+  for (const char* name : {"aten::add.Scalar", "aten::add_.Scalar"})
+    t[name] = [](Lowering& L) { add_sub(L, OpKind::kAdd, false, false); };
+  for (const char* name : {"aten::sub.Scalar", "aten::sub_.Scalar"})
+    t[name] = [](Lowering& L) { add_sub(L, OpKind::kSubtract, false, false); };
+  t["aten::mul_.Scalar"] = [](Lowering& L) { mul_div(L, OpKind::kMultiply, false); };
   add_op(t, "aten::true_divide.Tensor", [](Lowering& L) { mul_div(L, OpKind::kDivide); });
   add_op(t, "aten::maximum", [](Lowering& L) { max_min(L, OpKind::kMaximum); }, false);
   add_op(t, "aten::minimum", [](Lowering& L) { max_min(L, OpKind::kMinimum); }, false);
@@ -745,6 +782,10 @@ Table build_table() {
   add_op(t, "aten::_log_softmax", [](Lowering& L) { softmax(L, true); }, false);
   add_op(t, "aten::_softmax_backward_data", [](Lowering& L) { softmax_backward(L, false); }, false);
   add_op(t, "aten::_log_softmax_backward_data", [](Lowering& L) { softmax_backward(L, true); }, false);
+  // Random.
+  add_op(t, "aten::bernoulli.p", bernoulli, false);
+  add_op(t, "aten::bernoulli_.float", bernoulli, false);
+  add_op(t, "aten::native_dropout_backward", native_dropout_backward, false);
   return t;
 }
 

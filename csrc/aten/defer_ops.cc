@@ -7,6 +7,9 @@
 // nothing to defer. With them, strict and debug modes run the functional op
 // through the same fallback (which uses the out= overload on the chip).
 #include <ATen/ops/_to_copy_native.h>
+#include <ATen/ops/bernoulli.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/ones_like.h>
 #include <ATen/ops/clone_native.h>
 #include <torch/library.h>
 
@@ -52,6 +55,27 @@ at::Tensor clone_tpu(const at::Tensor& self, std::optional<at::MemoryFormat> mem
   return at::native::clone(self, memory_format);
 }
 
+// ATen's CPU kernel (native_dropout_cpu) composed of tpu ops, so that the
+// mask is drawn from the chip's generator (ATen's kernel would draw from the
+// CPU's default generator, on the chip's worker thread) and, in
+// defer_and_fuse, fuses: the mask is recorded (bernoulli.p draws it when the
+// region runs, as strict mode's bernoulli_ would) and reaches HBM only if
+// something keeps it (autograd's saved mask).
+std::tuple<at::Tensor, at::Tensor> native_dropout_tpu(const at::Tensor& input, double p, std::optional<bool> train) {
+  if (input.numel() == 0) return {input, at::empty_like(input)};
+  if (train.has_value() && !*train) return {input.clone(), at::ones_like(input, input.options().dtype(at::kBool))};
+  const double p1m = 1. - p;
+  const double scale = p1m == 0 ? 0. : 1. / p1m;  // ATen's guard against p == 1
+  if (eager_mode() == EagerMode::kDeferAndFuse) {
+    // x * m equals x * bool(m): the mask's dtype does not change the result.
+    at::Tensor m = at::bernoulli(input, p1m);
+    return {input.mul(m).mul_(scale), m.to(at::kBool)};
+  }
+  at::Tensor mask = at::empty_like(input, input.options().dtype(at::kBool));
+  mask.bernoulli_(p1m);
+  return {input.mul(mask).mul_(scale), mask};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -70,6 +94,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   }
   m.impl("_to_copy", TORCH_FN(to_copy_tpu));
   m.impl("clone", TORCH_FN(clone_tpu));
+  m.impl("native_dropout", TORCH_FN(native_dropout_tpu));
 }
 
 }  // namespace torch_tpu

@@ -55,6 +55,7 @@ namespace {
 
 std::atomic<int> g_open_regions{0};    // chips with a pending region
 std::atomic<int64_t> g_pending_ops{0};
+std::atomic<int> g_rng_regions{0};     // pending regions that draw random numbers
 thread_local int tls_checked = 0;      // DeferChecked scopes alive on this thread
 thread_local int tls_in_flush = 0;
 
@@ -126,10 +127,19 @@ struct Entry {
 
 // Parameter k of a region: a tensor it reads, or a user scalar that changes
 // between steps (see ScalarSink).
+// A Bernoulli mask a region draws from a tpu generator when it runs.
+struct RngDraw {
+  at::Generator gen;
+  double p = 0.5;
+  ir::Shape shape;
+  bool draw = true;  // false: zeros (the op that asked for it ran strictly)
+};
+
 struct Param {
   TensorRecipe recipe;
   bool scalar = false;
   ir::Scalar value;
+  std::optional<RngDraw> rng;  // a mask drawn at run time, in recording order
 };
 
 // A region of one recorded op runs ATen's kernel for it: fusion gains
@@ -156,6 +166,7 @@ struct Region {
   std::vector<int32_t> value_op;                 // per value: index in ops, or -1
   std::vector<OpRecord> ops;
   std::optional<Replay> replay;                  // while ops holds one op
+  int rng_params = 0;                            // masks drawn when it runs (g_rng_regions)
 };
 
 // Detects a repeating op sequence (a training loop) so that regions end at
@@ -289,10 +300,29 @@ struct RunState {
   std::shared_ptr<const ErrorContext> ctx;
 };
 
+// Draws the region's masks in recording order, as strict mode's bernoulli_
+// calls would at this point of the stream. Each param's mask goes to masks[k].
+void draw_masks(const std::vector<Param>& params, std::vector<std::unique_ptr<uint8_t[]>>& masks) {
+  masks.resize(params.size());
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (!params[k].rng) continue;
+    const int64_t n = ir::numel(params[k].rng->shape);
+    masks[k].reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+    if (params[k].rng->draw) draw_bernoulli_mask(params[k].rng->gen, params[k].rng->p, masks[k].get(), n);
+    else std::memset(masks[k].get(), 0, static_cast<size_t>(n));
+  }
+}
+
 void run_region(RunState& s) {
   std::vector<exec::Buffer> in, out;
   in.reserve(s.params.size());
+  std::vector<std::unique_ptr<uint8_t[]>> masks;
+  draw_masks(s.params, masks);
   for (size_t k = 0; k < s.params.size(); ++k) {
+    if (s.params[k].rng) {
+      in.push_back(exec::Buffer::contiguous(masks[k].get(), s.param_types[k].dtype, s.param_types[k].shape));
+      continue;
+    }
     if (s.params[k].scalar) {
       in.push_back(exec::Buffer::contiguous(&s.scalars[k], s.param_types[k].dtype, {}));
       continue;
@@ -385,6 +415,7 @@ void flush_locked(ChipState& cs, Reason why) {
   std::unique_ptr<Region> r = std::move(cs.region);
   const int64_t num_ops = static_cast<int64_t>(r->ops.size());
   g_open_regions.fetch_sub(1);
+  if (r->rng_params) g_rng_regions.fetch_sub(1);
   g_pending_ops.fetch_sub(num_ops);
 
   std::vector<Entry*> outs;
@@ -437,6 +468,7 @@ void flush_locked(ChipState& cs, Reason why) {
       data.clear();
       g_open_regions.fetch_add(1);
       g_pending_ops.fetch_add(num_ops);
+      if (r->rng_params) g_rng_regions.fetch_add(1);
       cs.region = std::move(r);
       const std::string what = err.what_without_backtrace();
       const std::string op = failed->op >= 0 ? ErrorContext::op_text(ctx->ops[failed->op]) : "a fused region";
@@ -513,6 +545,13 @@ void flush_locked(ChipState& cs, Reason why) {
       if (!dump_dir().empty()) dump_region(ctx->graph, launch, *ctx);
       stream.enqueue_named("defer_and_fuse region", [run] { run_region(*run); });
     }
+  } else if (r->rng_params) {
+    // Nothing it computes is used, but strict mode would have drawn its
+    // random numbers: the generator advances the same way.
+    vtpu_stream(r->stream).enqueue_named("defer_and_fuse region (random draws)", [params = r->params] {
+      std::vector<std::unique_ptr<uint8_t[]>> masks;
+      draw_masks(params, masks);
+    });
   }
   update_stats([&](DeferStats& s) {
     ++s.regions_flushed;
@@ -719,6 +758,15 @@ class SiteSink final : public ScalarSink {
     return ir::is_float(t) ? b.constant(v.f, t) : b.constant_int(v.i, t);
   }
 
+  ValueId bernoulli_mask(ir::Builder& b, const ir::Shape& shape, double p, const at::Generator& gen) override {
+    ValueId m = b.parameter(ir::ElementType::pred, shape);
+    Param param;
+    param.rng = RngDraw{gen, p, shape, true};
+    r_.params.push_back(std::move(param));
+    if (r_.rng_params++ == 0) g_rng_regions.fetch_add(1);
+    return m;
+  }
+
  private:
   Region& r_;
   const std::string& source_;
@@ -882,6 +930,7 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
     if (o.kind == Operand::Kind::kTensor) o.value = read(r, o.tensor);
 
   SiteSink sink(r, source, info.label);
+  const size_t params_before = r.params.size();
   Lowering L(r.builder, operands, outs, out_dtypes, &sink);
   bool lowered = false;
   try {
@@ -892,6 +941,10 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
     TORCH_WARN_ONCE("defer_and_fuse: could not record ", info.label, " (it runs strictly): ", e.what());
   }
   if (!lowered) {
+    // The op runs strictly and draws its own numbers: masks its lowering
+    // added must not draw (their parameters stay, unused).
+    for (size_t k = params_before; k < r.params.size(); ++k)
+      if (r.params[k].rng) r.params[k].rng->draw = false;
     r.value_op.resize(static_cast<size_t>(r.builder.graph().num_ops()), -1);
     count_fallback();
     return false;
@@ -899,7 +952,8 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
   const int32_t op_index = static_cast<int32_t>(r.ops.size());
   r.ops.push_back(OpRecord{&info.label, std::move(source)});
   std::optional<c10::OperatorHandle> out_op;
-  if (op_index == 0 && !inplace && g_single_op_aten.load(std::memory_order_relaxed)) out_op = out_overload(op, info);
+  if (op_index == 0 && !inplace && r.rng_params == 0 && g_single_op_aten.load(std::memory_order_relaxed))
+    out_op = out_overload(op, info);
   if (out_op) {
     // tpu tensors as they are now: their metadata may change in place before the flush.
     std::vector<c10::IValue> snapshot(args.begin(), args.end());
@@ -963,7 +1017,34 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
   return true;
 }
 
+namespace defer {
+namespace {
+
+// Whether a strictly run op may draw from a generator: it must not run
+// ahead of a pending region's draws (they would swap numbers with it).
+bool draws_random_numbers(const c10::OperatorHandle& op) {
+  if (op.hasTag(at::Tag::nondeterministic_seeded)) return true;
+  for (const auto& a : op.schema().arguments()) {
+    c10::TypePtr t = a.real_type();
+    if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
+    if (t->kind() == c10::TypeKind::GeneratorType) return true;
+  }
+  return false;
+}
+
+void flush_rng_regions() {
+  for (c10::DeviceIndex d = 0; find_state(d) != nullptr; ++d) {
+    ChipState* cs = find_state(d);
+    std::lock_guard<std::recursive_mutex> lock(cs->mu);
+    if (cs->region && cs->region->rng_params) flush_locked(*cs, Reason::kConflict);
+  }
+}
+
+}  // namespace
+}  // namespace defer
+
 DeferChecked::DeferChecked(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  if (g_rng_regions.load(std::memory_order_relaxed) > 0 && draws_random_numbers(op)) flush_rng_regions();
   if (g_open_regions.load(std::memory_order_relaxed) > 0) {
     const auto& schema = op.schema();
     const size_t n = schema.arguments().size();

@@ -2,6 +2,7 @@
 #include <pybind11/pybind11.h>
 
 #include "aten/defer.h"
+#include "aten/defer_internal.h"
 #include "aten/errors.h"
 #include "exec/compile_cache.h"
 
@@ -30,6 +31,7 @@ void register_defer_bindings(py::module_& m) {
     d["hbm_bytes_avoided"] = s.hbm_bytes_avoided;
     d["hbm_bytes_allocated"] = s.hbm_bytes_allocated;
     d["fallbacks"] = s.fallbacks;
+    d["rng_vectorized"] = defer::bernoulli_mask_is_vectorized();
     py::dict why;
     why["conflict"] = s.flush_conflict;
     why["sync"] = s.flush_sync;

@@ -358,7 +358,7 @@ def test_rng_ops_flush_and_match_strict(defer):
             torch.manual_seed(123)
             x = torch.randn(64, 64, device="tpu")
             h = F.gelu(x * 2 + 1)
-            d = F.dropout(h, 0.3)            # RNG on a pending input: flushes, runs strictly
+            d = F.dropout(h, 0.3)            # recorded: the mask is drawn when the region runs
             n = torch.randn(64, 64, device="tpu")
             out = (d + n * 0.1).sigmoid()
             u = torch.empty(64, device="tpu").uniform_()
@@ -366,6 +366,97 @@ def test_rng_ops_flush_and_match_strict(defer):
 
     ref = run("strict")
     torch.testing.assert_close(run("defer_and_fuse"), ref)
+
+
+def _rng_chain(dtype, shape=(64, 1000), gen=None):
+    torch.manual_seed(123)
+    x = torch.randn(*shape, device="tpu").to(dtype)
+    b = torch.randn(shape[-1], device="tpu").to(dtype)
+    h = x * 2 + b                                     # exact arithmetic: results compare bit for bit
+    d = F.dropout(h, 0.3)
+    o, m = torch.native_dropout(h - 1, 0.5, True)
+    k = torch.bernoulli(x, 0.25, generator=gen) * x   # bernoulli.p
+    j = (x * 3).bernoulli_(0.7, generator=gen) + 1    # bernoulli_.float on a pending result
+    n = torch.randn(5, device="tpu")                  # a strict RNG op after them: drawn after theirs
+    return [t.cpu() for t in (d * 2, o, m, k, j, n)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rng_ops_fuse_and_equal_strict_and_cpu(dtype):
+    ref = _rng_chain(dtype)
+    tdebug.reset_region_stats()
+    with torch_tpu.eager_mode("defer_and_fuse"):
+        got = _rng_chain(dtype)
+    s = stats()
+    for a, b in zip(ref, got):
+        assert torch.equal(a, b)
+    # dropout, bernoulli and their arithmetic were recorded (nothing ran strictly, nothing flushed before them)
+    assert s["fallbacks"] == 0 and s["ops_fused"] >= 12 and s["flush_reasons"]["view"] == 0, s
+    assert s["rng_vectorized"] in (True, False)
+    # CPU with the same seed draws the same numbers
+    torch.manual_seed(123)
+    x = torch.randn(64, 1000).to(dtype)
+    bias = torch.randn(1000).to(dtype)
+    assert torch.equal(F.dropout(x * 2 + bias, 0.3) * 2, got[0])
+    o, m = torch.native_dropout(x * 2 + bias - 1, 0.5, True)
+    assert torch.equal(o, got[1]) and torch.equal(m, got[2])
+    assert torch.equal(torch.bernoulli(x, 0.25) * x, got[3])
+
+
+def test_rng_ops_with_a_generator_and_in_row_chunks(defer):
+    # 512K-element results run in row chunks on the intra-op threads; the
+    # mask is drawn whole, in order, before them.
+    def run(mode):
+        g = torch.Generator(device="tpu").manual_seed(9)
+        with torch_tpu.eager_mode(mode):
+            return _rng_chain(torch.float32, (512, 1024), gen=g)
+    ref = run("strict")
+    for a, b in zip(ref, run("defer_and_fuse")):
+        assert torch.equal(a, b)
+
+
+def test_dead_rng_result_still_advances_the_generator(defer):
+    def run(mode):
+        with torch_tpu.eager_mode(mode):
+            torch.manual_seed(5)
+            x = torch.ones(300, device="tpu")
+            F.dropout(x * 2, 0.5)            # result dropped: never computed, but its numbers are drawn
+            torch.bernoulli(x, 0.5)
+            return torch.rand(10, device="tpu").cpu()
+    ref = run("strict")
+    tdebug.reset_region_stats()
+    got = run("defer_and_fuse")
+    assert torch.equal(got, ref)
+    assert stats()["outputs_dead"] >= 2
+
+
+def test_dropout_draws_from_the_tpu_generator():
+    # ATen's native_dropout kernel draws from the CPU's default generator; on
+    # tpu the chip's generator decides (torch.tpu.manual_seed), in every mode.
+    torch.manual_seed(0)
+    expected = F.dropout(torch.ones(1000), 0.5)
+    for mode in ("strict", "defer_and_fuse"):
+        torch.random.default_generator.manual_seed(1)
+        torch.tpu.manual_seed(0)
+        with torch_tpu.eager_mode(mode):
+            got = F.dropout(torch.ones(1000, device="tpu"), 0.5).cpu()
+        assert torch.equal(got, expected), mode
+
+
+def test_dropout_training_step_gradients_match_cpu(defer_global):
+    def step(device):
+        torch.manual_seed(3)
+        w = torch.randn(32, 64, device=device, requires_grad=True)
+        x = torch.randn(16, 32, device=device)
+        h = F.dropout(F.gelu(x @ w, approximate="tanh"), 0.2)
+        loss = (h * h).mean()
+        loss.backward()
+        return loss.detach().cpu(), w.grad.cpu()
+    ref = step("cpu")
+    got = step("tpu")
+    torch.testing.assert_close(got[0], ref[0])
+    torch.testing.assert_close(got[1], ref[1])
+    assert stats()["fallbacks"] == 0
 
 
 # ---------------------------------------------------------------- flush triggers
@@ -395,6 +486,22 @@ def test_flush_triggers(defer):
         w, ref = w * 1.0001, ref * 1.0001
     assert stats()["flush_reasons"]["size_cap"] >= 1
     torch.testing.assert_close(w.cpu(), ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scalar_overloads_round_the_scalar_as_aten_does(dtype, defer, fused_single_ops):
+    # ATen's add/sub.Scalar, add_/sub_.Scalar and mul_.Scalar round the scalar
+    # to a 16-bit tensor's dtype; mul.Scalar and div(_).Scalar do not (C++
+    # callers such as native_dropout use these overloads).
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(4096, generator=g) * 3).to(dtype)
+    s = 1 / 0.7
+    for name in ["add.Scalar", "add_.Scalar", "sub.Scalar", "sub_.Scalar", "mul.Scalar", "mul_.Scalar",
+                 "div.Scalar", "div_.Scalar"]:
+        op = getattr(torch.ops.aten, name.split(".")[0]).Scalar
+        ref = op(x.clone(), s)
+        got = op(x.tpu() * 1, s).cpu()          # on a pending result: recorded
+        assert torch.equal(got, ref), name
 
 
 def _loop_body(x, y):
