@@ -7,7 +7,9 @@ bus bandwidth (nccl-tests convention):
     algbw = S / t,  busbw = algbw * 2(n-1)/n (all_reduce) or * (n-1)/n (all_gather, reduce_scatter)
 
 where S is the size of the full buffer (all_reduce: the tensor; all_gather: the output;
-reduce_scatter: the input), t the median time of one call (synchronized) and n the ranks.
+reduce_scatter: the input), t the median time of one call (synchronized; the slowest rank's
+median) and n the ranks. The columns of a row are timed round robin, one call each per round,
+so that all of them see the same load on a shared machine.
 The physical limit printed beside it is memcpy bandwidth: bytes copied per second by
 ``dst.copy_(src)`` of the same size in one process, measured right before each row (the
 machine's load drifts), plus 64 MiB copies per process when n processes copy at once.
@@ -16,6 +18,9 @@ traffic any algorithm needs when each rank's tensors are private to its process:
 rank reads its input and writes its output once, all ranks at the same time (through a
 2 MiB window, so the copies go through the cache as tpu_dist's do); no synchronization,
 no reduction arithmetic.
+
+``--spin-column`` adds tpu_dist with TORCH_TPU_DIST_SPIN=1 (waits spin and yield before
+sleeping, as before waits slept at once when oversubscribed), timed in the same run.
 
 Run: python bench/collectives.py [--ranks 2 4] [--max-bytes 256MiB] [--ops all_reduce ...]
 Prints a markdown table; ``--json PATH`` also writes the raw numbers.
@@ -106,6 +111,11 @@ def worker(args):
     torch.tpu.set_device(dev)
     dist.init_process_group("tpu_dist", rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
+    # The same backend with the waits it had before (spin, yield, then sleep) for a
+    # before/after under the same load; by default waits sleep at once when oversubscribed.
+    os.environ["TORCH_TPU_DIST_SPIN"] = "1"
+    spin = dist.new_group(backend="tpu_dist") if args.spin_column else None
+    del os.environ["TORCH_TPU_DIST_SPIN"]
     # PyTorch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single.
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -124,47 +134,51 @@ def worker(args):
             if rank == 0:
                 row["memcpy"] = memcpy_bandwidth(size)
             dist.barrier(group=gloo)
-            for backend in ("tpu_dist", "gloo"):
-                device = dev if backend == "tpu_dist" else torch.device("cpu")
-                group = None if backend == "tpu_dist" else gloo
-                sync = torch.tpu.synchronize if backend == "tpu_dist" else (lambda: None)
+            fns, syncs = {}, {}
+            for backend in ("tpu_dist", "spin", "gloo") if args.spin_column else ("tpu_dist", "gloo"):
+                device = torch.device("cpu") if backend == "gloo" else dev
+                group = {"tpu_dist": None, "spin": spin, "gloo": gloo}[backend]
+                syncs[backend] = (lambda: None) if backend == "gloo" else torch.tpu.synchronize
                 if op == "all_reduce":
                     t = torch.ones(numel, device=device)
-                    fn = lambda t=t, group=group: dist.all_reduce(t, group=group)  # noqa: E731
+                    fns[backend] = lambda t=t, group=group: dist.all_reduce(t, group=group)  # noqa: E731
                 elif op == "all_gather":
                     inp = torch.ones(numel // world, device=device)
                     out = torch.empty(numel, device=device)
-                    fn = lambda i=inp, o=out, group=group: all_gather(o, i, group=group)  # noqa
+                    fns[backend] = lambda i=inp, o=out, group=group: all_gather(o, i, group=group)  # noqa
                 else:
                     inp = torch.ones(numel, device=device)
                     out = torch.empty(numel // world, device=device)
-                    fn = lambda i=inp, o=out, group=group: reduce_scatter(o, i, group=group)  # noqa
-                budget = 0.3 if size < (16 << 20) else 1.0
-                # Every rank must make the same calls: agree on the iteration count first.
-                dist.barrier()
-                probe = torch.tensor([_time(fn, sync, 1)], dtype=torch.float64)
-                dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=gloo)
-                iters = int(max(3, min(200 if size < (1 << 20) else 20, budget / probe.item())))
-                seconds = _time(fn, sync, iters)
-                t_all = torch.tensor([seconds], dtype=torch.float64)
-                dist.all_reduce(t_all, op=dist.ReduceOp.MAX, group=gloo)
-                seconds = t_all.item()
-                row[backend] = {"seconds": seconds, "busbw": numel * 4 / seconds * _bus_factor(op, world)}
-                del fn
+                    fns[backend] = lambda i=inp, o=out, group=group: reduce_scatter(o, i, group=group)  # noqa
             # The floor: every rank reads its input and writes its output once, all at once.
             if op == "all_reduce":
                 buf = torch.ones(numel)
-                floor = traffic_floor(buf, buf)
+                fns["floor"] = traffic_floor(buf, buf)
             elif op == "all_gather":
-                floor = traffic_floor(torch.ones(numel // world), torch.empty(numel))
+                fns["floor"] = traffic_floor(torch.ones(numel // world), torch.empty(numel))
             else:
-                floor = traffic_floor(torch.ones(numel), torch.empty(numel // world))
-            dist.barrier(group=gloo)  # all ranks start together; each times its own copies
-            floor_t = torch.tensor([_time(floor, lambda: None, max(3, min(50, (64 << 20) // size)))],
-                                   dtype=torch.float64)
-            dist.all_reduce(floor_t, op=dist.ReduceOp.MAX, group=gloo)
-            seconds = floor_t.item()
-            row["floor"] = {"seconds": seconds, "busbw": numel * 4 / seconds * _bus_factor(op, world)}
+                fns["floor"] = traffic_floor(torch.ones(numel), torch.empty(numel // world))
+            syncs["floor"] = lambda: None
+            # Every rank must make the same calls: agree on the iteration count first.
+            dist.barrier()
+            probe = torch.tensor([sum(_time(fns[b], syncs[b], 1) for b in fns)], dtype=torch.float64)
+            dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=gloo)
+            budget = 1.0 if size < (16 << 20) else 3.0
+            iters = int(max(3, min(100 if size < (1 << 20) else 15, budget / probe.item())))
+            # Round robin over the columns, one call each per round: the machine's load (other
+            # jobs share its cores) drifts, and every column then sees the same drift.
+            samples = {b: [] for b in fns}
+            for _ in range(iters):
+                for b, fn in fns.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    syncs[b]()
+                    samples[b].append(time.perf_counter() - t0)
+            for b in fns:
+                t_all = torch.tensor([statistics.median(samples[b])], dtype=torch.float64)
+                dist.all_reduce(t_all, op=dist.ReduceOp.MAX, group=gloo)
+                row[b] = {"seconds": t_all.item(), "busbw": numel * 4 / t_all.item() * _bus_factor(op, world)}
+            del fns
             results["rows"].append(row)
             if rank == 0:
                 print(f"  {op:15s} {_fmt_bytes(size):>8s} n={world}: tpu_dist {row['tpu_dist']['busbw'] / 1e9:7.2f} "
@@ -189,6 +203,7 @@ def run_world(world, args):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--out", out, "--min-bytes",
                str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--ops", *args.ops]
+        cmd += ["--spin-column"] if args.spin_column else []
         procs.append(subprocess.Popen(cmd, env=env))
     codes = [p.wait() for p in procs]
     if any(codes):
@@ -206,6 +221,9 @@ def main():
     p.add_argument("--max-bytes", type=_parse_bytes, default=256 << 20)
     p.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
     p.add_argument("--json", help="also write the raw numbers here")
+    p.add_argument("--spin-column", action="store_true",
+                   help="also time tpu_dist with TORCH_TPU_DIST_SPIN=1 (waits spin and yield before sleeping, "
+                        "the behaviour before sleeping at once when oversubscribed)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -219,13 +237,15 @@ def main():
     print(f"\nmemcpy (one process, 64 MiB): {single / 1e9:.2f} GB/s")
     for world, data in report["worlds"].items():
         print(f"memcpy ({world} processes at once, per process): {data['memcpy_parallel'] / 1e9:.2f} GB/s")
-    print("\n| op | bytes | ranks | tpu_dist busbw GB/s | gloo busbw GB/s | memcpy GB/s | traffic floor GB/s "
+    s_head, s_rule = (" spin waits GB/s |", " --- |") if args.spin_column else ("", "")
+    print(f"\n| op | bytes | ranks | tpu_dist busbw GB/s |{s_head} gloo busbw GB/s | memcpy GB/s | traffic floor GB/s "
           "| tpu_dist / gloo | tpu_dist / memcpy | tpu_dist / floor |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"| --- | --- | --- | --- |{s_rule} --- | --- | --- | --- | --- | --- |")
     for world, data in report["worlds"].items():
         for row in data["rows"]:
             t, g, m, f = row["tpu_dist"]["busbw"], row["gloo"]["busbw"], row["memcpy"], row["floor"]["busbw"]
-            print(f"| {row['op']} | {_fmt_bytes(row['bytes'])} | {world} | {t / 1e9:.2f} | {g / 1e9:.2f} | "
+            sp = f" {row['spin']['busbw'] / 1e9:.2f} |" if args.spin_column else ""
+            print(f"| {row['op']} | {_fmt_bytes(row['bytes'])} | {world} | {t / 1e9:.2f} |{sp} {g / 1e9:.2f} | "
                   f"{m / 1e9:.2f} | {f / 1e9:.2f} | {t / g:.1f}x | {t / m:.0%} | {t / f:.0%} |")
     if args.json:
         with open(args.json, "w") as f:
