@@ -311,10 +311,12 @@ def _cse(gm: torch.fx.GraphModule) -> int:
 
 
 def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: str) -> Dict[str, Any]:
-    """Lower `gm` to a program description (plain data), see the module docstring.
+    """Lower `gm` to a program description (plain data), see the module docstring;
+    its peak physical HBM bytes are in it (``check_memory`` compares them with the chip).
 
     Raises:
-        torch.OutOfMemoryError: the program's peak physical HBM bytes exceed the chip's capacity.
+        _Uncacheable: a node or argument plain data cannot describe (then the caller
+            builds it again without caching; it still runs).
     """
     graph = gm.graph
     nodes = list(graph.nodes)
