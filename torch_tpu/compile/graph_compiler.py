@@ -27,6 +27,7 @@ import importlib
 import logging
 import operator
 import os
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -58,6 +59,8 @@ def _op_name(target) -> Optional[str]:
 def _resolve_op(name: str):
     if name == "getitem":
         return operator.getitem
+    if name.startswith("obj:"):
+        return _tls.objects[int(name[4:])]
     if "::" in name:
         ns, rest = name.split("::", 1)
         base, overload = rest.rsplit(".", 1)
@@ -69,6 +72,19 @@ def _resolve_op(name: str):
     return obj
 
 
+# While a program is built or instantiated without the disk cache: Python objects
+# plain data cannot name (a callable target, an exotic argument) by index.
+_tls = threading.local()
+
+
+def _object_ref(obj, what: str):
+    table = getattr(_tls, "objects", None)
+    if table is None:
+        raise _Uncacheable(what)
+    table.append(obj)
+    return {"obj": len(table) - 1}
+
+
 def _target_name(target) -> str:
     name = _op_name(target)
     if name:
@@ -78,7 +94,7 @@ def _target_name(target) -> str:
     mod = getattr(target, "__module__", None)
     qual = getattr(target, "__qualname__", None)
     if not mod or not qual or "<" in qual:
-        raise _Uncacheable(f"call of {target!r}")
+        return f"obj:{_object_ref(target, f'call of {target!r}')['obj']}"
     return f"{mod}:{qual}"
 
 
@@ -104,7 +120,7 @@ def _encode(a, slot_of):
         return {"layout": str(a).replace("torch.", "")}
     if a is None or isinstance(a, (bool, int, float, str)):
         return a
-    raise _Uncacheable(f"argument {a!r} of type {type(a).__name__}")
+    return _object_ref(a, f"argument {a!r} of type {type(a).__name__}")
 
 
 def _decode(a):
@@ -126,7 +142,9 @@ def _decode(a):
         if "d" in a:
             items = {k: _decode(v) for k, v in a["d"].items()}
             return (lambda env: {k: g(env) for k, (g, _) in items.items()}), any(d for _, d in items.values())
-        if "dtype" in a:
+        if "obj" in a:
+            v = _tls.objects[a["obj"]]
+        elif "dtype" in a:
             v = getattr(torch, a["dtype"])
         elif "device" in a:
             v = torch.device(a["device"])
@@ -310,7 +328,21 @@ def _cse(gm: torch.fx.GraphModule) -> int:
 # ---------------------------------------------------------------- building
 
 
-def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: str) -> Dict[str, Any]:
+def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: str,
+                      objects: Optional[List[Any]] = None) -> Dict[str, Any]:
+    """See :func:`_build_description`; `objects`: a list that takes the Python objects
+    plain data cannot name (then the description is for this process only)."""
+    _tls.objects = objects
+    try:
+        desc = _build_description(gm, example_inputs, kind)
+    finally:
+        _tls.objects = None
+    if objects:
+        desc["_objects"] = objects
+    return desc
+
+
+def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: str) -> Dict[str, Any]:
     """Lower `gm` to a program description (plain data), see the module docstring;
     its peak physical HBM bytes are in it (``check_memory`` compares them with the chip).
 
@@ -661,11 +693,15 @@ class Program:
         self.regions = []
         self.num_kernels = 0
         runners = []
-        for i, st in enumerate(desc["steps"]):
-            runners.append(self._make_step(i, st, gm))
+        _tls.objects = desc.get("_objects")
+        try:
+            for i, st in enumerate(desc["steps"]):
+                runners.append(self._make_step(i, st, gm))
+            self._out, _ = _decode(desc["outputs"])
+        finally:
+            _tls.objects = None
         frees = desc["free_after"]
         self._plan = [(run, tuple(frees[i])) for i, run in enumerate(runners)]
-        self._out, _ = _decode(desc["outputs"])
         self._num_slots = desc["num_slots"]
         self._num_inputs = desc["num_inputs"]
 
@@ -860,7 +896,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: List, kind: str):
         except _Uncacheable as e:
             log.info("program not cached (%s)", e)
             key = None
-            desc = build_description(gm, example_inputs, kind)
+            desc = build_description(gm, example_inputs, kind, objects=[])
         check_memory(desc, kind)
         if key is not None:
             _cache.disk_put(key, desc)
