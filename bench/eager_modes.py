@@ -3,8 +3,8 @@
 Elementwise chains over 1M-16M elements (float32 unless --dtype):
 
 * gelu_tanh:       0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), written out op by op
-* bias_gelu_drop:  dropout(gelu(x + b, "tanh"), 0.1); dropout draws random numbers, so
-                   defer_and_fuse flushes before it and runs it strictly
+* bias_gelu_drop:  dropout(gelu(x + b, "tanh"), 0.1); defer_and_fuse draws the mask inside
+                   the region (same numbers as strict mode) and fuses the rest
 * resid_layernorm: h = x + r; (h - mean) * rsqrt(var + eps) * w + b, written elementwise
                    (mean and var as mean() over the last dimension, rows of 1024)
 

@@ -27,7 +27,7 @@ def region_stats() -> Dict[str, Union[int, Dict[str, int]]]:
       ``cache_hits``: compile-cache hits; ``cache_entries``: compiled regions
       the process-wide cache holds.
     * ``kernels_launched``: fused kernels queued; ``regions_split``: regions whose
-      kernels ran in row chunks on several host threads (results of at least
+      kernels ran in cache-sized row chunks, spread over the host threads (results of at least
       ``TORCH_TPU_DEFER_SPLIT_ELEMENTS`` elements); ``single_op_regions``:
       regions of one op, run with ATen's kernel for it instead of a compiled one.
     * ``outputs_materialized`` / ``outputs_dead``: region results given HBM at

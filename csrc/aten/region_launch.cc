@@ -96,6 +96,16 @@ std::vector<int> split_dims(const ir::Graph& g, int64_t n) {
   return dim;
 }
 
+// TORCH_TPU_DEFER_CHUNK_ELEMENTS: elements per result row chunk of a split
+// region (65536). Chunks run one after another on each thread, so the
+// intermediates a chunk realizes (x + r read by the three kernels of a layer
+// norm) stay in the core's cache instead of streaming through memory, as a
+// TPU keeps them in VMEM.
+int64_t chunk_elements() {
+  static const int64_t n = env_int("TORCH_TPU_DEFER_CHUNK_ELEMENTS", int64_t{1} << 16);
+  return n;
+}
+
 ir::Graph with_rows(const ir::Graph& g, const std::vector<int>& dim, int64_t rows) {
   ir::Graph out;
   for (ValueId v = 0; v < g.num_ops(); ++v) {
@@ -126,18 +136,18 @@ RegionLaunch plan_region_launch(const ir::Graph& g, bool* miss) {
   for (ValueId o : g.outputs()) l.output_types.push_back(g.type(o));
   const int threads = at::get_num_threads();
   const ir::TensorType& first = g.type(g.outputs().at(0));
-  if (threads > 1 && split_elements() > 0 && first.rank() > 0 && first.numel() >= split_elements() &&
-      first.shape[0] > 1) {
+  if (split_elements() > 0 && first.rank() > 0 && first.numel() >= split_elements() && first.shape[0] > 1) {
     const int64_t n = first.shape[0];
     ir::Graph live = ir::dead_code_elimination(g);
     std::vector<int> dim = split_dims(live, n);
     if (!dim.empty()) {
       const int64_t per_row = first.numel() / n;
-      const int64_t min_rows = std::max<int64_t>(1, (split_elements() / 4 + per_row - 1) / per_row);
-      const int64_t chunks = std::min<int64_t>(threads, n / min_rows);
-      if (chunks > 1) {
+      const int64_t cache_rows = std::max<int64_t>(1, chunk_elements() / per_row);
+      const int64_t thread_rows = (n + threads - 1) / threads;
+      const int64_t rows = std::min(cache_rows, thread_rows);
+      if (rows < n) {
         l.n = n;
-        l.rows = (n + chunks - 1) / chunks;
+        l.rows = rows;
         l.chunks = (n + l.rows - 1) / l.rows;
         for (ValueId p : live.parameters()) l.param_dim.push_back(dim[p]);
         bool miss_last = false;

@@ -20,8 +20,8 @@
 namespace torch_tpu {
 
 // How a region runs: as one call of the executor, or split along the
-// leading dimension of its results into chunks that run on the intra-op
-// threads (the executor runs a region on the calling thread; a TPU's
+// leading dimension of its results into cache-sized chunks that run on the
+// intra-op threads (the executor runs a region on the calling thread; a TPU's
 // TensorCores work on the whole array at once).
 struct RegionLaunch {
   std::shared_ptr<const exec::CompiledRegion> region;  // whole, or a chunk of `rows` rows

@@ -368,6 +368,30 @@ def test_rng_ops_flush_and_match_strict(defer):
     torch.testing.assert_close(run("defer_and_fuse"), ref)
 
 
+def test_large_layer_norm_region_runs_in_cache_sized_chunks_on_one_thread(defer):
+    # A residual add + layer norm over 256 rows of 1024: five kernels, run in
+    # chunks of 64 rows (TORCH_TPU_DEFER_CHUNK_ELEMENTS) one after another, so
+    # x + r stays in cache between them; rows are independent, so the result
+    # equals the unsplit one.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        g = torch.Generator().manual_seed(0)
+        x, r = torch.randn(256, 1024, generator=g), torch.randn(256, 1024, generator=g)
+        w, b = torch.randn(1024, generator=g), torch.randn(1024, generator=g)
+
+        def ln(x, r, w, b):
+            h = x + r
+            mu = h.mean(-1, keepdim=True)
+            var = ((h - mu) ** 2).mean(-1, keepdim=True)
+            return (h - mu) * torch.rsqrt(var + 1e-5) * w + b
+        got = ln(x.tpu(), r.tpu(), w.tpu(), b.tpu()).cpu()
+        assert stats()["regions_split"] == 1, stats()
+        torch.testing.assert_close(got, ln(x, r, w, b))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _rng_chain(dtype, shape=(64, 1000), gen=None):
     torch.manual_seed(123)
     x = torch.randn(*shape, device="tpu").to(dtype)
