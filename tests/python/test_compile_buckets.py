@@ -303,6 +303,55 @@ def test_batch_and_sequence_both_dynamic(fresh):
     assert st["bucket_compilations"] == 2, st
 
 
+class SmallCNN(nn.Module):
+    def __init__(self, batch_norm=True):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8) if batch_norm else nn.Identity()
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        h = F.max_pool2d(F.relu(self.bn(self.c1(x))), 2)
+        h = F.avg_pool2d(F.relu(self.c2(h)), 2)
+        return self.fc(h.flatten(1))
+
+
+def test_cnn_dynamic_batch_is_bucketed(fresh):
+    """Convolution and pooling treat samples on their own: a padded batch buckets, forward
+    and backward (the mean loss divides by the true batch)."""
+    cpu, tpu = _pair(SmallCNN, batch_norm=False)
+    compiled = torch.compile(tpu, backend="tpu")  # batch becomes dynamic at the 2nd size
+    for b in (3, 5, 6, 7):
+        x, y = torch.randn(b, 3, 16, 16), torch.randint(0, 10, (b,))
+        F.cross_entropy(cpu(x), y).backward()
+        F.cross_entropy(compiled(x.to("tpu")), y.to("tpu")).backward()
+        for p, q in zip(tpu.parameters(), cpu.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, **TOL)
+        tpu.zero_grad()
+        cpu.zero_grad()
+    st = bucketing.bucket_stats()
+    assert st["bucket_compilations"] == 1 and st["exact_compilations"] == 0, st  # bucket 8
+
+
+def test_cnn_training_batch_norm_compiles_exactly(fresh):
+    """Training batch norm mixes the batch (statistics, running stats): exact shapes, with
+    gradients and running statistics equal CPU."""
+    cpu, tpu = _pair(SmallCNN)
+    compiled = torch.compile(tpu, backend="tpu")
+    for b in (3, 5, 6):
+        x, y = torch.randn(b, 3, 16, 16), torch.randint(0, 10, (b,))
+        F.cross_entropy(cpu(x), y).backward()
+        F.cross_entropy(compiled(x.to("tpu")), y.to("tpu")).backward()
+        for p, q in zip(tpu.parameters(), cpu.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, **TOL)
+        torch.testing.assert_close(tpu.bn.running_var.cpu(), cpu.bn.running_var, **TOL)
+        tpu.zero_grad()
+        cpu.zero_grad()
+    st = bucketing.bucket_stats()
+    assert st["exact_compilations"] == 2 and "batch_norm" in st["reasons"][0], st  # 5, 6
+
+
 # ---------------------------------------------------------------------------
 # slices from the end, unsupported ops, configuration in use
 # ---------------------------------------------------------------------------
@@ -419,6 +468,34 @@ def test_mutated_padded_input_compiles_exactly(fresh):
     st = bucketing.bucket_stats()
     assert st["bucket_compilations"] == 0 and st["exact_compilations"] == 2, st
     assert all("copy_" in r for r in st["reasons"]), st["reasons"]
+
+
+def test_gradient_cuts_compile_exactly_when_gradients_are_needed(fresh):
+    """detach / no_grad are plain aliases in the bucket's ATen trace: with gradients needed
+    the graph compiles per exact shape (grads equal CPU); without, it is bucketed."""
+
+    def f(x, w):
+        h = x @ w
+        with torch.no_grad():
+            s = h.sum(1, keepdim=True)
+        return (h.detach() * 2 + h * s).sum(1)
+
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    w = torch.randn(3, 3, requires_grad=True)
+    wt = w.detach().to("tpu").requires_grad_()
+    for n in (5, 6):
+        x = torch.randn(2, n, 3)
+        f(x, w).sum().backward()
+        compiled(x.to("tpu"), wt).sum().backward()
+        torch.testing.assert_close(wt.grad.cpu(), w.grad, **TOL)
+        w.grad = wt.grad = None
+    st = bucketing.bucket_stats()
+    assert st["exact_compilations"] == 2 and "cuts gradients" in st["reasons"][0], st
+    with torch.no_grad():
+        for n in (5, 7):
+            x = torch.randn(2, n, 3)
+            torch.testing.assert_close(compiled(x.to("tpu"), wt).cpu(), f(x, w), **TOL)
+    assert bucketing.bucket_stats()["bucket_compilations"] == 1
 
 
 def test_configured_buckets_are_used(fresh, monkeypatch):

@@ -291,6 +291,9 @@ _SIZE_FUNCTIONS = {torch.zeros, torch.ones, torch.empty, torch.arange, torch.res
                    torch.randn, torch.rand, operator.getitem,
                    torch.nn.functional.multi_head_attention_forward,
                    torch.nn.functional.layer_norm, torch.nn.functional.group_norm}
+# Autograd cuts: the ATen trace of a bucket runs below autograd, where they are plain aliases
+_GRAD_CUT_FUNCTIONS = {torch.detach, torch.Tensor.detach, torch._C._set_grad_enabled,
+                       torch.Tensor.requires_grad_, torch.Tensor.detach_}
 _SYM_ARITH = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
               operator.neg, operator.pos}
 
@@ -307,6 +310,7 @@ class _Analysis:
     tensor_inputs: List[int]  # placeholder indices passed to the bucket program
     out_exprs: List[Optional[Tuple[Any, ...]]]  # per output: size exprs (None: not a tensor)
     unsupported: Optional[str] = None
+    grad_cut: Optional[str] = None  # a detach / no_grad node (kept only by the exact path)
 
 
 def _analyze(gm: torch.fx.GraphModule) -> _Analysis:
@@ -373,8 +377,15 @@ def _analyze(gm: torch.fx.GraphModule) -> _Analysis:
                 unsupported = f"output {o.name} is a size ({ev}); padded sizes would leak"
         else:
             out_exprs.append(None)
+    grad_cut = None
+    for n in gm.graph.nodes:
+        if (n.op == "call_method" and n.target in ("detach", "detach_", "requires_grad_")) or (
+                n.op == "call_function" and n.target in _GRAD_CUT_FUNCTIONS):
+            grad_cut = (f".{n.target}()" if n.op == "call_method" else
+                        f"{getattr(n.target, '__module__', '')}.{getattr(n.target, '__name__', n.target)}")
+            break
     return _Analysis(dyn_dims, symbols, sources, symint_inputs, item_inputs, tensor_inputs,
-                     out_exprs, unsupported)
+                     out_exprs, unsupported, grad_cut)
 
 
 def _is_shifted_symbol(e) -> bool:
@@ -633,6 +644,16 @@ _MAX_LIKE = {aten.amax.default: "low", aten.amin.default: "high", aten.max.dim: 
              aten.max.default: "low", aten.min.default: "high"}
 _SOFTMAX = {aten._softmax.default, aten._log_softmax.default, aten.logsumexp.default}
 _MM = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default}
+# ops that treat each sample of dim 0 (batch) on its own: a mask along dim 0 only carries over
+_BATCH_WISE = {aten.convolution.default, aten.max_pool2d_with_indices.default,
+               aten.max_pool3d_with_indices.default, aten.avg_pool2d.default,
+               aten.avg_pool3d.default, aten._adaptive_avg_pool2d.default,
+               aten._adaptive_avg_pool3d.default, aten.adaptive_max_pool2d.default,
+               aten.upsample_nearest2d.default, aten.upsample_bilinear2d.default,
+               aten.upsample_nearest2d.vec, aten.upsample_bilinear2d.vec,
+               aten.constant_pad_nd.default, aten.reflection_pad2d.default,
+               aten._native_batch_norm_legit_no_training.default,
+               aten.native_group_norm.default, aten.im2col.default, aten.col2im.default}
 
 
 def _val(node):
@@ -936,7 +957,7 @@ class _Masker:
         v = _val(n)
         name = str(op)
         if op._schema.is_mutable:
-            raise Unsupported(f"{name} mutates a padded tensor")
+            raise Unsupported(f"{name} writes into a tensor (in place) and reads a padded one")
 
         if op in _VIEW_OPS:
             self.masks[n] = self.view_rule(args[0], list(v.shape))
@@ -1052,6 +1073,9 @@ class _Masker:
         if op is aten.index.Tensor:
             self.masks[n] = self.index_rule(n)
             return
+        if op in _BATCH_WISE:
+            self.batch_rule(n)
+            return
         if op is aten.gather.default:
             m, mi = self.mask_of(args[0]), self.mask_of(args[2])
             d = args[1] % v.dim()
@@ -1164,6 +1188,36 @@ class _Masker:
                 dm = self.prefix_mask(p[0], p[1], out_shape[j], j, nd)
             out = self.both(out, dm, nd)
         return out
+
+    def batch_rule(self, n):
+        """Per-sample ops (convolution, pooling, eval batch norm, group norm): fine when only
+        the batch dim (0) of the input is padded; the outputs keep that mask."""
+        x = n.args[0]
+        m = self.mask_of(x)
+        for a in n.all_input_nodes[1:]:
+            if self.mask_of(a) is not None:
+                raise _unsupported(f"{n.target} with padded weights or statistics",
+                                   self.mask_of(a), range(len(self.mask_of(a).shape)))
+        live = [d for d in range(len(m.shape)) if m.shape[d] != 1]
+        if live != [0]:
+            raise _unsupported(f"{n.target} over a padded dim other than the batch", m,
+                               [d for d in live if d != 0])
+        v = _val(n)
+        outs = v if isinstance(v, (tuple, list)) else [v]
+        res = []
+        for o in outs:
+            nd = o.dim() if isinstance(o, torch.Tensor) else 0
+            if nd == 0:
+                res.append(None)
+                continue
+            p = m.prefix.get(0)
+            if m.exact and _simple(p):
+                res.append(self.prefix_mask(p[0], p[1], m.shape[0], 0, nd))
+            else:
+                shape = (m.shape[0],) + (1,) * (nd - 1)
+                node = self.call(aten.view.default, m.node, list(shape))
+                res.append(_Mask(node, shape, {0: p} if p is not None else {}, False))
+        self.masks[n] = res if isinstance(v, (tuple, list)) else res[0]
 
     @staticmethod
     def arange_source(node) -> Optional[Tuple[int, int]]:
@@ -1519,6 +1573,12 @@ class _BucketedFunction:
             _stats["calls"] += 1
         true = self._true_sizes(args)
         items = tuple(float(args[i].item()) for i in a.item_inputs)
+        if a.grad_cut and torch.is_grad_enabled() and any(
+                args[i].requires_grad for i in a.tensor_inputs):
+            # the gradient would flow through the cut: compile Dynamo's graph as it is
+            return self._run_exact(args, true, {}, items,
+                                   f"the graph cuts gradients ({a.grad_cut}) and gradients are "
+                                   f"needed")
         while True:
             # sizes found unsafe to pad stay exact (part of the key); the others are bucketed
             bsyms = [s for s in a.symbols if s not in self.exact_syms]
@@ -1603,21 +1663,28 @@ class _BucketedFunction:
                     raise err
 
     def _run_exact(self, args, true, value_syms, items, why):
-        a = self.analysis
+        """Compile Dynamo's graph itself at these exact sizes (AOTAutograd traces it with
+        the concrete inputs, keeping every detach / no_grad and mutation as Dynamo saw it)."""
         key = ("exact", tuple(sorted((str(k), v) for k, v in true.items())), items)
         prog = self.programs.get(key)
         if prog is None:
             with self.lock:
                 prog = self.programs.get(key)
                 if prog is None:
-                    sizes = {s: true[s] for s in a.symbols}
-                    traced = _trace_static(self.gm, a, args, sizes, value_syms)
                     shape = ", ".join(f"{k}={v}" for k, v in sorted(true.items(), key=lambda t: str(t[0])))
                     _record("exact_compilations",
                             f"bucketing: exact shape ({shape}) compiled because {why}")
-                    prog = self.compile_static(traced, [args[i] for i in a.tensor_inputs])
+                    gm = self.gm
+                    if self.analysis.item_inputs:
+                        # .item() of lifted scalars (dropout p, momentum) as constants: the
+                        # values are part of the key, and AOTAutograd outside Dynamo has no
+                        # shape environment for data-dependent scalars
+                        phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+                        gm = _fold_item_inputs(gm, {phs[i]: args[i].item()
+                                                    for i in self.analysis.item_inputs})
+                    prog = self.compile_static(gm, list(args))
                     self.programs[key] = prog
-        outs = prog(*[args[i] for i in a.tensor_inputs])
+        outs = prog(*args)
         return list(outs) if not isinstance(outs, (list, tuple)) else outs
 
     # padding -------------------------------------------------------------
