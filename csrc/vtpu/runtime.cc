@@ -161,8 +161,11 @@ void Chip::synchronize() {
 
 Runtime& Runtime::get() {
   // A constructor that throws leaves it unbuilt; the next call tries again.
-  static Runtime runtime;
-  return runtime;
+  // Never destroyed: joining stream workers during static destruction would run
+  // queued work after the libraries it calls are torn down. torch_tpu drains
+  // every chip at interpreter exit instead.
+  static Runtime* runtime = new Runtime();
+  return *runtime;
 }
 
 Runtime::Runtime() : topology_(Topology::from_env()) {

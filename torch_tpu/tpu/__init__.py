@@ -8,7 +8,9 @@ padded to (8,128) tiles for 32-bit types, (16,128) for 16-bit, (32,128) for
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -55,6 +57,23 @@ def init() -> None:
     # only once); building the runtime is what remains.
     _C._device_count()
     _initialized = True
+
+
+def _drain_at_exit() -> None:
+    # Work still queued at exit runs now, while the interpreter and ATen are
+    # whole; a failure is printed, since nobody is left to catch it.
+    try:
+        count = _C._device_count()
+    except Exception:
+        return
+    for index in range(count):
+        try:
+            _C._synchronize(index)
+        except Exception as error:  # noqa: BLE001 - reported, then exit goes on
+            print(f"torch_tpu: work queued on tpu:{index} failed at exit: {error}", file=sys.stderr)
+
+
+atexit.register(_drain_at_exit)
 
 
 def is_initialized() -> bool:
