@@ -380,7 +380,9 @@ def _analyze(gm: torch.fx.GraphModule) -> _Analysis:
     grad_cut = None
     for n in gm.graph.nodes:
         if (n.op == "call_method" and n.target in ("detach", "detach_", "requires_grad_")) or (
-                n.op == "call_function" and n.target in _GRAD_CUT_FUNCTIONS):
+                n.op == "call_function" and (n.target in _GRAD_CUT_FUNCTIONS or isinstance(
+                    n.target, torch._ops.HigherOrderOperator))):
+            # higher-order ops (custom autograd.Function, ...) may define their own backward
             grad_cut = (f".{n.target}()" if n.op == "call_method" else
                         f"{getattr(n.target, '__module__', '')}.{getattr(n.target, '__name__', n.target)}")
             break
@@ -1577,8 +1579,8 @@ class _BucketedFunction:
                 args[i].requires_grad for i in a.tensor_inputs):
             # the gradient would flow through the cut: compile Dynamo's graph as it is
             return self._run_exact(args, true, {}, items,
-                                   f"the graph cuts gradients ({a.grad_cut}) and gradients are "
-                                   f"needed")
+                                   f"the graph controls its gradients ({a.grad_cut}) and "
+                                   f"gradients are needed")
         while True:
             # sizes found unsafe to pad stay exact (part of the key); the others are bucketed
             bsyms = [s for s in a.symbols if s not in self.exact_syms]
