@@ -498,6 +498,21 @@ def test_gradient_cuts_compile_exactly_when_gradients_are_needed(fresh):
     assert bucketing.bucket_stats()["bucket_compilations"] == 1
 
 
+def test_symbolic_int_without_tensor_size_is_not_bucketed(fresh):
+    """Only an int argument is dynamic: nothing to pad, the core compiles the symbolic
+    graph once for every value."""
+
+    def f(x, n):
+        return x * n + 1
+
+    compiled = torch.compile(f, backend="tpu")
+    x = torch.randn(4)
+    for n in (2, 3, 4, 5):
+        torch.testing.assert_close(compiled(x.to("tpu"), n).cpu(), f(x, n))
+    assert bucketing.bucket_stats()["calls"] == 0
+    assert len(fresh) == 2, fresh  # the first, static graph and the symbolic one
+
+
 def test_configured_buckets_are_used(fresh, monkeypatch):
     monkeypatch.setenv(bucketing.ENV_VAR, "16,+16")
     bucketing.set_buckets(None)

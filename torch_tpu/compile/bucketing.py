@@ -1748,12 +1748,18 @@ def compile_bucketed(gm: torch.fx.GraphModule, example_inputs: Sequence,
     Returns:
         A callable taking the graph's inputs (as Dynamo calls it) and returning the list of
         outputs with their true (unpadded) sizes. Differentiable when the static pipeline is.
+        A graph whose only symbolic values are ints (no tensor size) goes to
+        ``compile_static`` as it is.
 
     Raises:
         ValueError: ``TORCH_TPU_COMPILE_BUCKETS`` does not parse (at the first call).
     """
     get_buckets()  # a bad environment variable fails at compile time, with its name
-    return _BucketedFunction(gm, example_inputs, compile_static)
+    fn = _BucketedFunction(gm, example_inputs, compile_static)
+    if not fn.analysis.symbols:
+        # only ints are symbolic (no tensor size to pad): one program serves every value
+        return compile_static(gm, example_inputs)
+    return fn
 
 
 __all__ = ["compile_bucketed", "set_buckets", "get_buckets", "parse_buckets", "BucketConfig",
