@@ -369,15 +369,15 @@ def test_rng_ops_flush_and_match_strict(defer):
 
 
 def test_large_layer_norm_region_runs_in_cache_sized_chunks_on_one_thread(defer):
-    # A residual add + layer norm over 256 rows of 1024: five kernels, run in
-    # chunks of 64 rows (TORCH_TPU_DEFER_CHUNK_ELEMENTS) one after another, so
+    # A residual add + layer norm over 512 rows of 1024: five kernels, run in
+    # chunks of 256 rows (TORCH_TPU_DEFER_CHUNK_ELEMENTS) one after another, so
     # x + r stays in cache between them; rows are independent, so the result
     # equals the unsplit one.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         g = torch.Generator().manual_seed(0)
-        x, r = torch.randn(256, 1024, generator=g), torch.randn(256, 1024, generator=g)
+        x, r = torch.randn(512, 1024, generator=g), torch.randn(512, 1024, generator=g)
         w, b = torch.randn(1024, generator=g), torch.randn(1024, generator=g)
 
         def ln(x, r, w, b):
