@@ -377,3 +377,77 @@ def test_program_larger_than_hbm_fails_at_compile_time(tmp_path):
     assert "OOM:" in out, out
     assert "20971520 physical HBM bytes at its peak" in out  # 4 MiB input + 4 x 4 MiB results
     assert "12582912 bytes" in out  # the capacity
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_complex_inputs_run_as_library_calls():
+    # complex has no IR element type: its ops must stay library calls, not fail the compile
+    def f(x):
+        return x * 2 + 1
+
+    x = torch.randn(4, dtype=torch.complex64)
+    close(torch.compile(f, backend="tpu")(x.to("tpu")), f(x))
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune", "default"])
+def test_compile_modes_are_accepted(mode):
+    def f(x):
+        return (x.sin() + 1).cos()
+
+    x = torch.randn(8, 8)
+    close(torch.compile(f, backend="tpu", mode=mode)(x.to("tpu")), f(x))
+
+
+def test_unknown_compile_mode_is_a_clear_error():
+    with pytest.raises(Exception, match="unknown mode 'fastest'.*reduce-overhead"):
+        torch.compile(lambda x: x + 1, backend="tpu", mode="fastest")(torch.randn(3).to("tpu"))
+
+
+def _plant_entry(path, body_obj, fmt):
+    import hashlib
+    import json
+
+    body = json.dumps(body_obj).encode()
+    header = json.dumps({"sha256": hashlib.sha256(body).hexdigest(), "format": fmt}).encode()
+    with open(path, "wb") as fh:
+        fh.write(header + b"\n" + body)
+
+
+@pytest.mark.parametrize("junk", ["list", "no_steps", "old_format", "bad_records"])
+def test_entry_with_valid_checksum_but_junk_body_is_rebuilt(junk, monkeypatch):
+    import json
+
+    monkeypatch.setattr(program_cache, "_warned_corrupt", False)  # warned once per process
+
+    from torch_tpu.compile.graph_compiler import FORMAT_VERSION
+
+    def f(x):
+        return torch.tanh(x).mean(dim=0) * 2
+
+    x = torch.randn(8, 8)
+    torch.compile(f, backend="tpu")(x.to("tpu"))
+    (path,) = glob.glob(os.path.join(program_cache.cache_dir(), "*.json"))
+    good = json.loads(open(path, "rb").read().partition(b"\n")[2])
+    if junk == "list":
+        _plant_entry(path, [], FORMAT_VERSION)
+    elif junk == "no_steps":
+        _plant_entry(path, {"format": FORMAT_VERSION}, FORMAT_VERSION)
+    elif junk == "old_format":  # a torch_tpu of another format wrote it (header agrees with body)
+        _plant_entry(path, dict(good, format=FORMAT_VERSION - 1), FORMAT_VERSION - 1)
+    else:
+        for st in good["steps"]:
+            if st["kind"] == "region":
+                st["records"] = [[["bogus"]], [0]]
+        _plant_entry(path, good, FORMAT_VERSION)
+    torch._dynamo.reset()
+    program_cache.clear_memory_cache()
+    torch_tpu.reset_compile_stats()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = torch.compile(f, backend="tpu")(x.to("tpu"))
+    close(got, f(x))
+    assert any("corrupted" in str(m.message) for m in w)
+    s = torch_tpu.compile_stats()
+    assert s["corrupt_cache_entries"] == 1 and s["compilations"] == 1 and s["cache_hits_disk"] == 0

@@ -165,8 +165,20 @@ def compile_static(gm: torch.fx.GraphModule, example_inputs: List) -> Callable:
     return backend(gm, example_inputs)
 
 
-def tpu_backend(gm: torch.fx.GraphModule, example_inputs: List) -> Callable:
+# torch.compile's modes: the tpu backend has no CUDA graphs or autotuning, so each
+# compiles the same program (a graph's program is already replayed without re-dispatch).
+_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs: List, *, mode=None, options=None) -> Callable:
     """The ``"tpu"`` Dynamo backend (``torch.compile(model, backend="tpu")``).
+
+    ``mode`` (one of ``default``, ``reduce-overhead``, ``max-autotune``,
+    ``max-autotune-no-cudagraphs``) is accepted and compiles the same program;
+    ``options`` (Inductor's configuration keys) are ignored with a log line.
+
+    Raises:
+        ValueError: an unknown ``mode``.
 
     Static graphs go through :func:`compile_static`. A graph with symbolic sizes
     (dynamic shapes) goes to :func:`torch_tpu.compile.bucketing.compile_bucketed`
@@ -174,6 +186,10 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: List) -> Callable:
     otherwise Dynamo's dynamic graph is compiled as it is (each concrete shape
     becomes its own program).
     """
+    if mode is not None and mode not in _MODES:
+        raise ValueError(f"torch.compile(backend='tpu'): unknown mode {mode!r}; valid modes: {', '.join(_MODES)}")
+    if options:
+        log.info("torch.compile(backend='tpu'): options %s are Inductor's and are ignored", sorted(options))
     _note_dynamo_events()
     if _has_symbolic_inputs(example_inputs):
         try:

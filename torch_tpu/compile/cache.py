@@ -140,6 +140,8 @@ def disk_get(key: str) -> Optional[Dict[str, Any]]:
         if hashlib.sha256(body).hexdigest() != meta.get("sha256"):
             raise ValueError("checksum mismatch (truncated or corrupted)")
         desc = json.loads(body)
+        if not isinstance(meta, dict) or not isinstance(desc, dict):
+            raise ValueError("not a program description")
         if desc.get("format") != meta.get("format"):
             raise ValueError("format mismatch")
         return desc
@@ -150,6 +152,17 @@ def disk_get(key: str) -> Optional[Dict[str, Any]]:
         except OSError:
             pass
         return None
+
+
+def report_corrupt_entry(key: str, e: Exception) -> None:
+    """An entry whose checksum holds but whose body is not a valid program: report it
+    once, remove it (the caller rebuilds and writes it again)."""
+    path = _path(key)
+    _report_corrupt(path, e)
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def _report_corrupt(path: str, e: Exception) -> None:

@@ -199,8 +199,8 @@ def _fusible(n: torch.fx.Node) -> bool:
         if not _is_tpu_tensor(v) or v.device != out.device or v.numel() == 0:
             return False
     r = _RC.Region()
-    vals = {a: _RC.Value(r.parameter(_val(a).dtype, list(_val(a).shape))) for a in ins}
-    try:
+    try:  # a dtype without an IR element type (complex) raises here: a library call
+        vals = {a: _RC.Value(r.parameter(_val(a).dtype, list(_val(a).shape))) for a in ins}
         res = _lower(r, n, vals)
     except (TypeError, ValueError):
         return False
@@ -890,6 +890,9 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: List, kind: str):
             desc = _cache.disk_get(key)
             if desc is not None:
                 source = "disk"
+                prog = _instantiate_disk_entry(key, desc, gm, kind)
+                if prog is None:
+                    desc, source = None, "built"
     if desc is None:
         try:
             desc = build_description(gm, example_inputs, kind)
@@ -907,7 +910,8 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: List, kind: str):
     if key is not None:
         _cache.memory_put(key, desc)
     name = f"{kind} program {key[:12] if key else 'uncached'}"
-    prog = Program(desc, gm, name)
+    if source != "disk":
+        prog = Program(desc, gm, name)
     stats.add("regions", len(prog.regions))
     stats.count_library_ops(library_ops(desc))
     stats.add("compile_seconds", time.perf_counter() - t0)
@@ -922,6 +926,24 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: List, kind: str):
     run._boxed_call = True  # AOTAutograd passes one list, which the program empties
     run.program = prog
     return run
+
+
+def _instantiate_disk_entry(key: str, desc, gm, kind: str) -> Optional["Program"]:
+    """The program of a disk entry, or None when the entry (checksum intact) does not
+    describe a valid program: another format, or a body this code cannot instantiate.
+    Such an entry is reported as corrupted, removed and rebuilt."""
+    try:
+        if not isinstance(desc, dict) or desc.get("format") != FORMAT_VERSION:
+            raise ValueError(f"format {desc.get('format') if isinstance(desc, dict) else type(desc).__name__}, "
+                             f"expected {FORMAT_VERSION}")
+        for k in ("steps", "free_after", "outputs", "num_slots", "num_inputs", "device", "input_bytes",
+                  "peak_intermediate_bytes", "peak_step"):
+            if k not in desc:
+                raise ValueError(f"missing {k!r}")
+        return Program(desc, gm, f"{kind} program {key[:12]}")
+    except Exception as e:  # noqa: BLE001 (any malformed body: rebuild rather than fail the user's compile)
+        _cache.report_corrupt_entry(key, e)
+        return None
 
 
 def _symbolic(gm, example_inputs) -> bool:
