@@ -24,16 +24,18 @@ NaN), ``nll_loss`` sees ``ignore_index`` on padded positions. Elementwise ops, v
 permutes and matmuls on non-contracted dims just carry masks along. So one program serves
 every length of its bucket and returns what the unpadded computation returns.
 
-A graph the masking cannot prove safe (an op without a masking rule touching a padded
-dimension, a size used as a value, a slice counted from the end of a dynamic dimension)
-is compiled per exact shape instead, and the reason is recorded in
-``torch_tpu.compile_stats()["recompile_reasons"]`` and :func:`bucket_stats`.
+What the masking cannot prove safe falls back, with the reason recorded in
+``torch_tpu.compile_stats()["recompile_reasons"]`` and :func:`bucket_stats`: a size whose
+padding is at fault (layer norm over it, ``x[:, -1]``) stays exact while the others are
+still bucketed; otherwise (an op without a masking rule on a padded dim, a size used as a
+value, a write into a padded input, ``detach`` / ``no_grad`` / a custom autograd.Function
+when gradients are needed: the bucket's ATen trace runs below autograd) Dynamo's own graph
+is compiled for each exact shape.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import operator
 import os
 import threading
@@ -620,9 +622,6 @@ class _Mask:
     shape: Tuple[int, ...]
     prefix: Dict[int, Any] = field(default_factory=dict)
     exact: bool = False
-
-    def masked_dims(self):
-        return [d for d, s in enumerate(self.shape) if s != 1]
 
 
 _VIEW_OPS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
