@@ -256,6 +256,14 @@ def _cli(*args, timeout=240):
     (["--model", "llama", "--d-model", "1000", "--n-heads", "16"], "not a multiple of n_heads"),
     (["--model", "gpt-small", "--topology", "v6e-8", "--tp", "2"], "Llama-style models only"),
     (["--model", "llama3-8b", "--topology", "v6e-8", "--slices", "2", "--dp", "1", "--fsdp", "16"], "multiple of slices"),
+    # bad input that used to escape as a traceback or be silently replaced by a default
+    (["--model", "llama", "--config", "[1, 2]"], "--config: a JSON object"),
+    (["--model", "llama", "--config", "/nonexistent/config.json"], "--config: cannot read"),
+    (["--model", "llama", "--config", '{"n_layers": 2, "d_model": '], "--config: invalid JSON"),
+    (["--model", "gpt-tiny", "--topology", "v6e-1", "--batch", "0"], "batch must be a positive integer, got 0"),
+    (["--model", "gpt-tiny", "--topology", "v6e-1", "--seq-len", "0"], "seq_len must be a positive integer"),
+    (["--model", "torch_tpu.demo.model:GPT", "--topology", "v6e-1", "--batch", "-2"], "batch must be a positive"),
+    (["--model", "llama-tiny", "--topology", "v6e-1", "--plot", "/nonexistent/dir/x.png"], "--plot"),
 ])
 def test_bad_input_errors_before_work(args, message, monkeypatch):
     def no_exec(*a):
@@ -350,3 +358,18 @@ def test_loss_chunks_bound_the_logits_memory():
     assert recompute < extra < 1.1 * recompute
     with pytest.raises(ValueError, match="Llama-style models only"):
         run(model_spec("gpt-tiny", batch=n), Parallelism(dp=n), loss_chunks=2, device=DEV)
+
+
+def test_factory_that_raises_or_returns_junk_is_a_clear_error(tmp_path):
+    (tmp_path / "badfac.py").write_text("def build():\n    raise RuntimeError('factory exploded')\n"
+                                        "def junk():\n    return 5\n")
+    env_path = str(tmp_path)
+    for factory, message in (("badfac:build", "model 'badfac:build' raised RuntimeError: factory exploded"),
+                             ("badfac:junk", "returned int, not an nn.Module")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_"))}
+        env["PYTHONPATH"] = env_path + os.pathsep + env.get("PYTHONPATH", "")
+        p = subprocess.run([sys.executable, "-m", "torch_tpu.estimate", "--model", factory, "--topology", "v6e-1"],
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1, p.stderr[-2000:]
+        assert f"torch_tpu.estimate: error: " in p.stderr and message in p.stderr, p.stderr[-2000:]
+        assert "Traceback" not in p.stderr, p.stderr[-2000:]

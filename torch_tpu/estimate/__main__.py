@@ -190,6 +190,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             _factory(spec.factory)  # importable and callable
         if args.plot:
             import matplotlib  # noqa: F401  (fail now, not after the run)
+
+            folder = os.path.dirname(os.path.abspath(args.plot))
+            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                raise ValueError(f"--plot {args.plot}: the folder {folder} does not exist or is not writable")
     except (ValueError, json.JSONDecodeError, ImportError) as e:
         raise SystemExit(f"torch_tpu.estimate: error: {e}")
 
@@ -202,7 +206,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from .core import report, run
 
-    raw = run(spec, par, attention=args.attention, remat=args.remat, dtype=args.dtype, loss_chunks=args.loss_chunks)
+    try:
+        raw = run(spec, par, attention=args.attention, remat=args.remat, dtype=args.dtype,
+                  loss_chunks=args.loss_chunks)
+    except ValueError as e:  # a factory that raises or returns no nn.Module: its message, not a traceback
+        raise SystemExit(f"torch_tpu.estimate: error: {e}")
     r = report(spec, par, raw, topology=name, overlap=not args.no_overlap)
     print(format_table(r))
     if args.plot:

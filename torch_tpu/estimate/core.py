@@ -81,19 +81,23 @@ def model_spec(name: str, *, config_json: Optional[str] = None, batch: Optional[
 
     Raises ValueError for unknown names (listing the valid ones) and bad configs.
     """
+    for what, v in (("batch", batch), ("seq_len", seq_len)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ValueError(f"{what} must be a positive integer, got {v!r}")
     if ":" in name:
         mod, _, attr = name.partition(":")
         if not mod or not attr:
             raise ValueError(f"model '{name}': an import path must read 'package.module:factory'")
         return ModelSpec("factory", name, factory=name, factory_kwargs=dict(factory_kwargs or {}),
-                         batch=batch or 8, seq_len=seq_len or 128)
+                         batch=8 if batch is None else batch, seq_len=128 if seq_len is None else seq_len)
     if name.startswith("gpt-"):
         from ..demo.model import PRESETS
 
         preset = name[4:]
         if preset not in PRESETS:
             raise ValueError(f"unknown model '{name}'; valid: {', '.join(MODEL_NAMES)} or package.module:factory")
-        return ModelSpec("gpt", name, gpt_preset=preset, batch=batch or 16, seq_len=seq_len or 128)
+        return ModelSpec("gpt", name, gpt_preset=preset, batch=16 if batch is None else batch,
+                         seq_len=128 if seq_len is None else seq_len)
     if name in M.LLAMA_PRESETS or name == "llama":
         cfg = M.llama_config(None if name == "llama" else name, config_json,
                              seq_len=seq_len, batch=batch, **llama_overrides)
@@ -153,7 +157,10 @@ def _build(spec: ModelSpec, coll: Collectives, attention: str, loss_chunks: int 
         return M.Llama(spec.llama, tp=coll.par.tp, attention=attention, hooks=tp_hooks(coll), loss_chunks=loss_chunks)
     if spec.kind == "gpt":
         return M.demo_gpt(spec.gpt_preset, seq_len=spec.seq_len)
-    model = _factory(spec.factory)(**spec.factory_kwargs)
+    try:
+        model = _factory(spec.factory)(**spec.factory_kwargs)
+    except Exception as e:  # noqa: BLE001 (user code: name it and what it raised)
+        raise ValueError(f"model '{spec.factory}' raised {type(e).__name__}: {e}") from e
     if not isinstance(model, nn.Module):
         raise ValueError(f"model '{spec.factory}' returned {type(model).__name__}, not an nn.Module")
     return model

@@ -91,10 +91,19 @@ def llama_config(preset: Optional[str] = None, json_text: Optional[str] = None, 
         cfg = LLAMA_PRESETS[preset]
     if json_text:
         text = json_text
-        if not text.lstrip().startswith("{"):
-            with open(text) as f:
-                text = f.read()
-        raw = json.loads(text)
+        if not text.lstrip().startswith(("{", "[")):  # JSON text is an object; anything else names a file
+            try:
+                with open(text) as f:
+                    text = f.read()
+            except OSError as e:
+                raise ValueError(f"--config: cannot read the file {json_text!r} ({e.strerror or e}); "
+                                 "give JSON text or a readable JSON file") from None
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--config: invalid JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"--config: a JSON object is expected, got {type(raw).__name__}")
         hf = {"num_hidden_layers": "n_layers", "hidden_size": "d_model", "num_attention_heads": "n_heads",
               "num_key_value_heads": "n_kv_heads", "intermediate_size": "ffn_dim",
               "max_position_embeddings": "seq_len"}
