@@ -454,6 +454,44 @@ def test_dead_rng_result_still_advances_the_generator(defer):
     assert stats()["outputs_dead"] >= 2
 
 
+def test_reseeding_and_state_with_a_pending_region_that_draws(defer):
+    # manual_seed / get_rng_state flush and wait first: the pending region's
+    # numbers come from before the reseed, as in strict mode.
+    def run(mode):
+        with torch_tpu.eager_mode(mode):
+            torch.manual_seed(1)
+            x = torch.ones(4096, device="tpu")
+            a = F.dropout(x * 3, 0.4)
+            torch.tpu.manual_seed(2)
+            b = F.dropout(x * 3, 0.4)
+            state = torch.tpu.get_rng_state()
+            c = F.dropout(x - 1, 0.4) + torch.bernoulli(x, 0.5)
+            torch.tpu.set_rng_state(state)
+            e = F.dropout(x - 1, 0.4) + torch.bernoulli(x, 0.5)
+            return [t.cpu() for t in (a, b, c, e)]
+    ref = run("strict")
+    got = run("defer_and_fuse")
+    for r, g in zip(ref, got):
+        assert torch.equal(r, g)
+    assert torch.equal(got[2], got[3]) and not torch.equal(got[0], got[1])
+
+
+def test_training_loop_with_dropout_repeats_and_equals_strict():
+    def run(mode, steps=60):
+        with torch_tpu.eager_mode(mode):
+            torch.manual_seed(4)
+            x = torch.randn(16, 64, device="tpu")
+            for _ in range(steps):            # 6 recorded ops a step, no flush inside
+                x = torch.tanh(F.dropout(x * 1.5 + 0.1, 0.2)) * 0.9
+            return x.cpu()
+    ref = run("strict")
+    tdebug.reset_region_stats()
+    got = run("defer_and_fuse")
+    torch.testing.assert_close(got, ref)   # tanh is the executor's polynomial; a different mask would differ by O(1)
+    s = stats()
+    assert s["flush_reasons"]["repeat"] >= 10 and s["regions_compiled"] <= 4, s
+
+
 def test_dropout_draws_from_the_tpu_generator():
     # ATen's native_dropout kernel draws from the CPU's default generator; on
     # tpu the chip's generator decides (torch.tpu.manual_seed), in every mode.
