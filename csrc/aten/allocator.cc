@@ -2,6 +2,9 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
 
 #include <cstring>
 #include <mutex>
@@ -18,12 +21,33 @@ namespace {
 struct BlockContext {
   vtpu::HbmAllocator* hbm;
   vtpu::Block* block;
+  std::atomic<bool> undefined{false};  // values never computed (a dry run)
 };
+
+// Live storages with `undefined` set: the checks cost one load while this is 0.
+std::atomic<int64_t> undefined_storages{0};
 
 void free_block(void* ctx) {
   auto* c = static_cast<BlockContext*>(ctx);
+  if (c->undefined.load(std::memory_order_relaxed)) undefined_storages.fetch_sub(1);
   c->hbm->free(c->block);
   delete c;
+}
+
+BlockContext* context_of(const c10::DataPtr& dp) {
+  if (dp.get_deleter() != &free_block) return nullptr;
+  return static_cast<BlockContext*>(dp.get_context());
+}
+
+BlockContext* context_of(const c10::Storage& s) { return s ? context_of(s.data_ptr()) : nullptr; }
+
+void set_flag(BlockContext* c, bool v) {
+  if (c && c->undefined.exchange(v) != v) undefined_storages.fetch_add(v ? 1 : -1);
+}
+
+const c10::Storage* storage_of(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kTPU || !t.has_storage()) return nullptr;
+  return &t.storage();
 }
 
 }  // namespace
@@ -38,7 +62,39 @@ c10::DataPtr TPUAllocator::allocate_on(c10::DeviceIndex device, size_t nbytes, u
   auto& hbm = chip(device).hbm();
   vtpu::Block* block = translate_errors([&] { return hbm.allocate(nbytes, physical); });
   void* data = vtpu::HbmAllocator::data(block);
-  return c10::DataPtr(data, new BlockContext{&hbm, block}, &free_block, dev);
+  auto* ctx = new BlockContext{&hbm, block};
+  if (dry_run()) set_flag(ctx, true);
+  return c10::DataPtr(data, ctx, &free_block, dev);
+}
+
+bool any_undefined() { return undefined_storages.load(std::memory_order_relaxed) > 0; }
+
+void mark_undefined(const at::Tensor& t) {
+  if (const c10::Storage* s = storage_of(t)) set_flag(context_of(*s), true);
+}
+
+void clear_undefined_if_whole(const at::Tensor& t) {
+  if (!any_undefined()) return;
+  const c10::Storage* s = storage_of(t);
+  if (!s || !t.is_non_overlapping_and_dense()) return;
+  if (static_cast<size_t>(t.numel()) * t.itemsize() != s->nbytes()) return;  // a part stays undefined
+  set_flag(context_of(*s), false);
+}
+
+bool buffer_undefined(const c10::DataPtr& d) {
+  BlockContext* c = context_of(d);
+  return c && c->undefined.load(std::memory_order_relaxed);
+}
+
+void set_buffer_undefined(const c10::DataPtr& d) { set_flag(context_of(d), true); }
+
+void check_defined(const at::Tensor& t, const std::string& what) {
+  const c10::Storage* s = storage_of(t);
+  if (!s || !buffer_undefined(s->data_ptr())) return;
+  TORCH_CHECK(false, what, ": the tpu tensor of shape ", t.sizes(), " (", t.scalar_type(), ", ", t.device(),
+              ") holds no values: it was written inside torch_tpu.estimate.dry_run(), which shapes, "
+              "allocates and prices ops but computes nothing. Compute it again outside the dry run, or "
+              "overwrite it whole (copy_, fill_, zero_) before reading it");
 }
 
 void TPUAllocator::copy_data(void* dest, const void* src, std::size_t count) const {

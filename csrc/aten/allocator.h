@@ -4,10 +4,29 @@
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <cstdint>
+#include <string>
+
+#include <c10/core/Storage.h>
 
 #include "vtpu/hbm_allocator.h"
 
+namespace at {
+class Tensor;
+}
+
 namespace torch_tpu {
+
+// Storages whose values a dry run (dry_run.h) never computed: allocated inside one, or
+// written there (priced, skipped). Reading one later raises instead of returning stale
+// HBM bytes; overwriting it whole (copy_, fill_, a random fill) makes it defined again.
+bool any_undefined();  // one atomic load: false unless such a storage is alive
+void mark_undefined(const at::Tensor& t);
+void clear_undefined_if_whole(const at::Tensor& t);
+// Raises RuntimeError naming `what`, the tensor's shape, dtype and device if undefined.
+void check_defined(const at::Tensor& t, const std::string& what);
+// For a storage swapping its buffer (resize_): carries the flag to the new one.
+bool buffer_undefined(const c10::DataPtr& d);
+void set_buffer_undefined(const c10::DataPtr& d);
 
 class TPUAllocator final : public c10::DeviceAllocator {
  public:

@@ -22,6 +22,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "aten/allocator.h"
 #include "aten/defer.h"
 #include "aten/device.h"
 #include "aten/dry_run.h"
@@ -266,6 +267,16 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     const auto precision = at::globalContext().float32MatmulPrecision();
     chip(device).record_cost(op_cost(schema, args, result_tensors(results), precision));
     if (dry_run()) {  // shaped, allocated and priced; not computed
+      // Arguments it writes now hold values nobody computed (fresh results already do).
+      if (info.writes_args) {
+        for (size_t i = 0; i < num_args; ++i) {
+          const auto* a = alias_of(schema.arguments()[i]);
+          if (!a || !a->isWrite()) continue;
+          if (args[i].isTensor()) mark_undefined(args[i].toTensor());
+          if (args[i].isTensorList())
+            for (const at::Tensor& t : args[i].toTensorList()) mark_undefined(t);
+        }
+      }
       torch::jit::drop(*stack, num_args);
       for (auto& v : results) stack->push_back(std::move(v));
       return;
@@ -308,10 +319,49 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
 }
 
 
+// Ops that overwrite `self` without reading it (random fills, fill_): an undefined
+// self (written in a dry run) is fine for them, and defined afterwards.
+bool overwrites_self(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  if (schema.arguments().empty() || !schema.is_mutable({c10::SchemaArgType::input, 0})) return false;
+  return op.hasTag(at::Tag::nondeterministic_seeded) || schema.name() == "aten::fill_";
+}
+
+// Outside a dry run, an op must not read values a dry run never computed.
+void check_args_defined(const c10::OperatorHandle& op, const torch::jit::Stack& stack, const OpInfo& info,
+                        bool skip_self) {
+  const auto& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  bool view_only = !schema.is_mutable() && !schema.returns().empty();
+  for (const auto& r : schema.returns()) view_only = view_only && r.alias_info() && !r.alias_info()->isWrite();
+  if (view_only) return;  // a view reads no values
+  const size_t n = arguments.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (arguments[i].is_out() || (i == 0 && skip_self)) continue;
+    const IValue& v = stack[stack.size() - n + i];
+    if (v.isTensor()) {
+      check_defined(v.toTensor(), info.label);
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) check_defined(t, info.label);
+    } else if (v.isList()) {
+      for (const IValue& e : v.toListRef())
+        if (e.isTensor()) check_defined(e.toTensor(), info.label);
+    }
+  }
+}
+
 void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = op_info(op);
   TORCH_CHECK_NOT_IMPLEMENTED(!info.sparse, info.label, ": sparse tensors are not supported on tpu (TPUs "
                               "have no sparse layouts); use dense tensors");
+  if (any_undefined() && !dry_run()) {
+    const bool overwrite = overwrites_self(op);
+    check_args_defined(op, *stack, info, overwrite);
+    if (overwrite) {
+      at::Tensor self = (*stack)[stack->size() - op.schema().arguments().size()].toTensor();
+      clear_undefined_if_whole(self);  // the fill below writes every element
+    }
+  }
   const EagerMode mode = eager_mode();
   if (mode == EagerMode::kDeferAndFuse && defer_record(op, stack, info)) return;
   DeferChecked deferred(op, *stack);  // flushes a pending region this op reads or writes

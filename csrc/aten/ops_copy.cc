@@ -48,7 +48,12 @@ at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_
   }
   if (dry_run()) {  // priced, not moved
     if (!dst_tpu) dry_run_host_read("copying a tpu tensor of shape " + c10::str(source.sizes()) + " to " + dst.device().str());
+    mark_undefined(dst);
     return dst;
+  }
+  if (any_undefined()) {
+    if (src_tpu) check_defined(source, "copy_ from " + source.device().str() + " to " + dst.device().str());
+    if (dst_tpu) clear_undefined_if_whole(dst);
   }
 
   if (src_tpu && dst_tpu) {
@@ -102,6 +107,7 @@ at::Tensor copy_from_and_resize_tpu(const at::Tensor& src, const at::Tensor& dst
 
 at::Scalar local_scalar_dense_tpu(const at::Tensor& self) {
   if (dry_run()) dry_run_host_read("reading a tpu tensor's value (.item(), bool(), printing)");
+  if (any_undefined()) check_defined(self, "reading a tpu tensor's value (.item(), bool(), printing)");
   auto& stream = current_vtpu_stream(self.device().index());
   synchronize_stream(stream);
   return host_alias(self).item();
@@ -112,7 +118,11 @@ at::Tensor& fill_scalar_tpu_(at::Tensor& self, const at::Scalar& value) {
   DeferChecked deferred({}, {&self});
   auto& stream = current_vtpu_stream(self.device().index());
   chip(self.device().index()).record_cost(transfer_cost(0, physical_bytes_of(self)));
-  if (dry_run()) return self;  // priced, not written
+  if (dry_run()) {  // priced, not written
+    mark_undefined(self);
+    return self;
+  }
+  clear_undefined_if_whole(self);
   stream.enqueue("aten::fill_", [dst = TensorRecipe::of(self), value] {
     AliasBuilder host(c10::kCPU);
     host.alias(dst).fill_(value);

@@ -84,6 +84,7 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
   // A dry run writes no HBM: the old bytes were never computed.
   if (storage->nbytes() > 0 && !dry_run()) synchronize_device(device);
   if (keep > 0 && !dry_run()) std::memcpy(data.get(), storage->data(), keep);
+  if (keep > 0 && buffer_undefined(storage->data_ptr())) set_buffer_undefined(data);  // kept bytes: as undefined
   storage->set_data_ptr_noswap(std::move(data));
   storage->set_nbytes(nbytes);
 }

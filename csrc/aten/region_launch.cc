@@ -1,6 +1,9 @@
 // Compiled IR regions on a chip: compile (cached), split, price, queue (see region_launch.h).
 #include "aten/region_launch.h"
 
+#include "aten/allocator.h"
+#include "aten/dry_run.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -303,6 +306,8 @@ void run_queued(const QueuedRegion& q) {
 void enqueue_region(const RegionLaunch& l, c10::DeviceIndex device, const std::vector<at::Tensor>& inputs,
                     const std::vector<at::Tensor>& outputs, std::string name) {
   TORCH_CHECK(l.region, name, ": region not compiled");
+  if (any_undefined() && !dry_run())
+    for (const auto& t : inputs) check_defined(t, name);
   TORCH_CHECK(inputs.size() == l.input_types.size(), name, ": expected ", l.input_types.size(),
               " inputs, got ", inputs.size());
   TORCH_CHECK(outputs.size() <= l.output_types.size(), name, ": expected at most ", l.output_types.size(),
@@ -349,6 +354,8 @@ void enqueue_region(const RegionLaunch& l, c10::DeviceIndex device, const std::v
 
 void enqueue_copies(c10::DeviceIndex device, const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs) {
   TORCH_CHECK(dsts.size() == srcs.size(), "copy_: ", dsts.size(), " destinations for ", srcs.size(), " sources");
+  if (any_undefined() && !dry_run())
+    for (const auto& t : srcs) check_defined(t, "copy_");
   struct Pair {
     TensorRecipe dst, src;
     size_t bytes;

@@ -373,3 +373,51 @@ def test_factory_that_raises_or_returns_junk_is_a_clear_error(tmp_path):
         assert p.returncode == 1, p.stderr[-2000:]
         assert f"torch_tpu.estimate: error: " in p.stderr and message in p.stderr, p.stderr[-2000:]
         assert "Traceback" not in p.stderr, p.stderr[-2000:]
+
+
+def test_values_written_in_a_dry_run_raise_when_read_after_it():
+    """A dry run computes nothing: its tensors (and tensors it wrote in place) must not be
+    read afterwards as if they held values (they would be stale HBM bytes)."""
+    dev = torch.device("tpu", DEV)
+    real = torch.full((4, 4), 7.0, device=dev)
+    param = torch.ones(4, device=dev)
+    with dry_run():
+        made = real * 2 + 1
+        param.add_(5)                      # skipped: param's values are now unknown
+        filled = torch.empty(3, device=dev)
+        filled.fill_(3.0)
+    for read in (lambda: made.cpu(), lambda: made.sum().item(), lambda: (made + 1).cpu(), lambda: param.cpu(),
+                 lambda: print(filled), lambda: torch.compile(lambda a: a * 2 + 1, backend="tpu")(param)):
+        with pytest.raises(RuntimeError, match=r"holds no values: it was written inside torch_tpu.estimate.dry_run"):
+            read()
+    # a view reads nothing; overwriting whole makes a tensor usable again
+    v = made.t()
+    made.copy_(torch.arange(16.0).view(4, 4))
+    assert torch.equal(v.cpu(), torch.arange(16.0).view(4, 4).t())
+    param.zero_()
+    assert param.sum().item() == 0.0
+    filled.normal_()
+    assert filled.cpu().shape == (3,)
+    # tensors untouched by the dry run still hold their values; real work is exact
+    assert torch.equal(real.cpu(), torch.full((4, 4), 7.0))
+    assert torch.equal((real * 2 + 1).cpu(), torch.full((4, 4), 15.0))
+    # a partial overwrite leaves the rest undefined
+    with dry_run():
+        part = torch.empty(4, device=dev)
+    part[:2] = 1.0
+    with pytest.raises(RuntimeError, match="holds no values"):
+        part.cpu()
+
+
+def test_dry_run_restores_the_mode_after_an_exception_and_nests():
+    from torch_tpu import _C
+
+    with pytest.raises(KeyError):
+        with dry_run():
+            raise KeyError("inside")
+    assert not _C._dry_run()
+    with dry_run():
+        with dry_run():
+            pass
+        assert _C._dry_run()  # the inner exit restores the outer dry run
+    assert not _C._dry_run()
