@@ -265,6 +265,41 @@ def test_minilm_sequence_lengths_bucketed(fresh):
     assert len(fresh) == 4, fresh
 
 
+def _reductions(x):
+    return (x.sum(1), x.mean(1), x.mean(), x.sum(), torch.softmax(x, 1),
+            torch.log_softmax(x, 1), torch.logsumexp(x, 1), x.cumsum(1), x.amax(1),
+            x.argmax(1), x.amin(1), x.var(1), x.std(1), x.norm(dim=1), F.normalize(x, dim=1),
+            (x > 1.5).any(1), (x > -3).all(1), (1 + 0.01 * x).prod(1),
+            x - x.mean(1, keepdim=True), x[:, 2:].sum(1), x.flatten(0, 1).mean(0))
+
+
+def _mixing(x):
+    b, s, _ = x.shape
+    q = x.unsqueeze(1)
+    zeros = torch.zeros(b, s, dtype=torch.long, device=x.device)  # made at the padded size
+    return ((x @ x.transpose(1, 2)).sum(-1), x.transpose(1, 2) @ x,
+            torch.tril(x @ x.transpose(1, 2)).sum(-1),
+            F.scaled_dot_product_attention(q, q, q).squeeze(1),
+            F.scaled_dot_product_attention(q, q, q, is_causal=True).squeeze(1),
+            F.mse_loss(x, torch.zeros_like(x)), F.cross_entropy(x.transpose(1, 2), zeros),
+            x.new_ones(b, s).sum(1), torch.arange(s, device=x.device).sum(),
+            (x * torch.arange(s, device=x.device).view(1, s, 1)).sum(1))
+
+
+@pytest.mark.parametrize("f", [_reductions, _mixing], ids=["reductions", "mixing"])
+def test_ops_over_the_padded_dim(fresh, f):
+    """Reductions, normalizations, attention, losses, and tensors created at the dynamic
+    size (zeros(b, s), new_ones, arange(s)) over a padded sequence equal CPU eager."""
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    for n in (5, 7, 3):
+        x = torch.randn(2, n, 4)
+        for k, (got, want) in enumerate(zip(compiled(x.to("tpu")), f(x))):
+            torch.testing.assert_close(got.cpu(), want, **TOL,
+                                       msg=lambda m: f"length {n}, output {k}: {m}")
+    st = bucketing.bucket_stats()
+    assert st["bucket_compilations"] == 2 and st["exact_compilations"] == 0, st  # 8 and 4
+
+
 # ---------------------------------------------------------------------------
 # batch dimension
 # ---------------------------------------------------------------------------

@@ -440,6 +440,64 @@ def _check_size_uses(gm: torch.fx.GraphModule, symbols) -> Optional[str]:
 # ---------------------------------------------------------------------------
 
 
+@torch.library.custom_op("torch_tpu_bucketing::fresh", mutates_args=())
+def _fresh(x: torch.Tensor, dims: List[int], syms: List[int], offsets: List[int]) -> torch.Tensor:
+    """Marks a tensor created at a dynamic size (``torch.zeros(b, s)``, ``arange(s)``) in the
+    bucket's trace: along ``dims`` its entries past length ``len(syms[i]) + offsets[i]`` are
+    padding. The masking pass removes it."""
+    return x.clone()
+
+
+@_fresh.register_fake
+def _(x, dims, syms, offsets):
+    return torch.empty_like(x)
+
+
+_FRESH_METHODS = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor"}
+_FRESH_FUNCTIONS = {torch.zeros_like, torch.ones_like, torch.full_like, torch.empty_like,
+                    torch.rand_like, torch.randn_like}
+
+
+class _MarkingInterpreter(torch.fx.Interpreter):
+    """Runs Dynamo's graph and marks every fresh tensor of dynamic size with
+    :func:`_fresh`: a factory has no padded input for the mask to come from."""
+
+    def __init__(self, gm, symbols):
+        super().__init__(gm)
+        self.sym_ids = {s: i for i, s in enumerate(symbols)}
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        ev = _example(n)
+        if not isinstance(out, torch.Tensor) or not isinstance(ev, torch.Tensor) or \
+                not self._is_fresh(n):
+            return out
+        dims, syms, offs = [], [], []
+        for d, sz in enumerate(ev.shape):
+            e = _sym_expr(sz)
+            if e.is_number or not _is_shifted_symbol(e):
+                continue
+            (sym,) = e.free_symbols
+            if sym in self.sym_ids:
+                dims.append(d)
+                syms.append(self.sym_ids[sym])
+                offs.append(int(e - sym))
+        return torch.ops.torch_tpu_bucketing.fresh(out, dims, syms, offs) if dims else out
+
+    def _is_fresh(self, n) -> bool:
+        if n.op == "call_method" and n.target in _FRESH_METHODS:
+            return True
+        if n.op == "call_function" and n.target in _FRESH_FUNCTIONS:
+            return True
+        if n.op not in ("call_function", "call_method"):
+            return False
+        # a tensor made from sizes alone (torch.zeros(b, s), torch.arange(s))
+        for a in n.all_input_nodes:
+            if isinstance(_example(a), torch.Tensor):
+                return False
+        return True
+
+
 def _fold_item_inputs(gm: torch.fx.GraphModule, item_nodes: Dict[torch.fx.Node, float]):
     """A copy of ``gm`` with ``.item()`` of 0-dim tensor inputs (dropout p, eps Dynamo lifted
     to inputs) replaced by their values; the values are part of the bucket key."""
@@ -458,7 +516,7 @@ def _fold_item_inputs(gm: torch.fx.GraphModule, item_nodes: Dict[torch.fx.Node, 
 
 
 def _trace_static(gm, analysis: _Analysis, args: Sequence, sizes: Dict[Any, int],
-                  extra_syms: Dict[Any, int]):
+                  extra_syms: Dict[Any, int], symbols: Sequence[Any] = ()):
     """make_fx trace of ``gm`` (Dynamo graph) on fake inputs whose dynamic dims have the
     sizes in ``sizes`` (bucket or exact). Returns an ATen-level GraphModule taking only the
     tensor inputs (``analysis.tensor_inputs``)."""
@@ -489,7 +547,7 @@ def _trace_static(gm, analysis: _Analysis, args: Sequence, sizes: Dict[Any, int]
             full[i] = v
         for i, t in zip(tensor_pos, tensors):
             full[i] = t
-        return gm2(*full)
+        return _MarkingInterpreter(gm2, symbols).run(*full)
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = []
@@ -799,6 +857,8 @@ class _Masker:
             return b
         if b is None or a.node is b.node:
             return a
+        if a.exact and b.exact and a.shape == b.shape and a.prefix == b.prefix:
+            return a  # the same mask, built twice
         shape = tuple(max(x, y) for x, y in zip(a.shape, b.shape))
         node = self.cached(("and", a.node, b.node),
                            lambda: self.call(aten.logical_and.default, a.node, b.node))
@@ -939,6 +999,16 @@ class _Masker:
     def visit(self, n: torch.fx.Node) -> None:
         op = n.target
         args = n.args
+        if op is torch.ops.torch_tpu_bucketing.fresh.default:
+            x, dims, syms, offs = args
+            v = _val(x)
+            m = self.mask_of(x)
+            for d, si, off in zip(dims, syms, offs):
+                m = self.both(m, self.prefix_mask(self.symbols[si], off, v.shape[d], d, v.dim()),
+                              v.dim())
+            self.masks[x] = m
+            n.replace_all_uses_with(x)
+            return
         if op is operator.getitem:
             ms = self.masks.get(args[0])
             if isinstance(ms, list):
@@ -1035,6 +1105,9 @@ class _Masker:
         if op in _SUM_LIKE or op in _ANY_ALL or op in _MAX_LIKE or op in (
                 aten.mean.dim, aten.mean.default):
             self.reduce_rule(n)
+            return
+        if op is aten.linalg_vector_norm.default:
+            self.norm_rule(n)
             return
         if op in (aten.var.correction, aten.var_mean.correction):
             self.var_rule(n)
@@ -1260,18 +1333,31 @@ class _Masker:
         with the same indices."""
         x, indices = n.args[0], list(n.args[1])
         m = self.mask_of(x)
-        for i in indices:
-            if self.mask_of(i) is not None:
-                raise _unsupported("aten.index.Tensor with padded index tensors",
-                                   self.mask_of(i), range(len(self.mask_of(i).shape)))
-        if m is None:
-            return None
         xv = _val(x)
         out_nd = _val(n).dim()
         pos = [d for d, i in enumerate(indices) if i is not None]
         bnd = max(_val(indices[d]).dim() for d in pos)
         adjacent = pos == list(range(pos[0], pos[-1] + 1))
         first = pos[0] if adjacent else 0
+        # padded index tensors (arange(s) positions): their entries past the true length
+        # gather something, but it is padding; their masks sit where they broadcast
+        imask = None
+        for d in pos:
+            mi = self.mask_of(indices[d])
+            if mi is None:
+                continue
+            mi = self.align(mi, bnd)
+            shape = (1,) * first + mi.shape + (1,) * (out_nd - first - bnd)
+            node = self.call(aten.view.default, mi.node, list(shape))
+            imask = self.both(imask, _Mask(node, shape, {k + first: p for k, p in mi.prefix.items()},
+                                           mi.exact), out_nd)
+        if m is None:
+            return imask
+        return self.both(self.index_mask(n, m, x, xv, indices, pos, bnd, adjacent, first,
+                                         out_nd), imask, out_nd)
+
+    def index_mask(self, n, m, x, xv, indices, pos, bnd, adjacent, first, out_nd):
+        """The part of ``x[indices]``'s mask that comes from ``x``'s own mask."""
         # where each x dim lands in the output
         where_: Dict[int, int] = {}
         rest = [d for d in range(xv.dim()) if d not in pos]
@@ -1426,6 +1512,21 @@ class _Masker:
             self.replace_uses(n, fixed, keep={scaled})
             self.masks[fixed] = outm
         self.masks[n] = [outm, outm] if op in (aten.max.dim, aten.min.dim) else outm
+
+    def norm_rule(self, n):
+        """``linalg_vector_norm(x, ord, dim, keepdim)``: padded entries count as 0 (the
+        identity of every order > 0)."""
+        x = n.args[0]
+        m = self.mask_of(x)
+        nd = _val(x).dim()
+        ordv = n.args[1] if len(n.args) > 1 else n.kwargs.get("ord", 2)
+        dims = _norm_dims(n.args[2] if len(n.args) > 2 else n.kwargs.get("dim"), nd)
+        keepdim = n.args[3] if len(n.args) > 3 else n.kwargs.get("keepdim", False)
+        if any(m.shape[d] != 1 for d in dims):
+            if not ordv > 0:
+                raise _unsupported(f"{n.target} of order {ordv} over a padded dim", m, dims)
+            n.args = (self.fill(x, m, 0),) + tuple(n.args[1:])
+        self.masks[n] = self.reduce_mask(m, dims, keepdim)
 
     def var_rule(self, n):
         x = n.args[0]
@@ -1629,7 +1730,7 @@ class _BucketedFunction:
     # compile -------------------------------------------------------------
     def _compile_bucket(self, args, buckets, value_syms, true, bsyms):
         a = self.analysis
-        traced = _trace_static(self.gm, a, args, buckets, value_syms)
+        traced = _trace_static(self.gm, a, args, buckets, value_syms, bsyms)
         ph_map = {}  # traced placeholder index -> {dim: sym}, bucketed sizes only
         for j, i in enumerate(a.tensor_inputs):
             dims = {d: s for d, s in a.dyn_dims.get(i, {}).items() if s in buckets}
