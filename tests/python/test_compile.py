@@ -451,3 +451,13 @@ def test_entry_with_valid_checksum_but_junk_body_is_rebuilt(junk, monkeypatch):
     assert any("corrupted" in str(m.message) for m in w)
     s = torch_tpu.compile_stats()
     assert s["corrupt_cache_entries"] == 1 and s["compilations"] == 1 and s["cache_hits_disk"] == 0
+
+
+def test_int64_constant_beyond_float_precision_is_exact():
+    # a splat constant is a double inside a region: 2**53 + 1 must not round to 2**53
+    def f(x):
+        return (torch.full_like(x, 2**53 + 1) + x) * 1
+
+    x = torch.tensor([-7, 0, 3, 2**40])
+    got = torch.compile(f, backend="tpu")(x.to("tpu")).cpu()
+    assert torch.equal(got, f(x)), (got, f(x))

@@ -235,6 +235,8 @@ def _lower(region, n, vals):
             value = float(bool(value))
         if not (out.dtype.is_floating_point or out.dtype == torch.bool) and value != int(value):
             return None
+        if float(value) != value:  # an integer a double cannot hold (|v| > 2**53): ATen's kernel
+            return None
         try:
             return [region.constant(float(value), out.dtype, list(out.shape))]
         except (TypeError, ValueError):
