@@ -27,6 +27,9 @@ def _decompositions():
     table.update(get_decompositions([
         aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training,
     ]))
+    # PyTorch's own no-training decomposition calls the mutating _native_batch_norm_legit,
+    # which AOTAutograd rejects in an inference graph; this one is functional.
+    table[aten._native_batch_norm_legit_no_training.default] = _batch_norm_no_training
     # Layer norm stays one ATen op forward and backward: its fused CPU kernels beat the
     # executor's reductions (a row mean, a row variance, a normalize pass) here.
     table.pop(aten.native_layer_norm_backward.default, None)
@@ -85,6 +88,13 @@ def _make_foreach(per_tensor, names, kinds):
         return out
 
     return decomposition
+
+
+def _batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    from torch._decomp.decompositions import native_batch_norm_helper
+
+    return native_batch_norm_helper(input, weight, bias, running_mean, running_var, False, momentum, eps,
+                                    functional=True)[:3]
 
 
 def _reduced(x, dim):
