@@ -37,6 +37,10 @@ def region_stats() -> Dict[str, Union[int, Dict[str, int]]]:
       physical bytes allocated for live results at flushes.
     * ``fallbacks``: ops with a lowering that ran strictly anyway (a dtype,
       layout or argument the lowering does not handle).
+    * ``rng_vectorized``: whether fused dropout/bernoulli masks are drawn with
+      the vectorized mt19937 (it reproduced ATen's ``bernoulli_`` on this
+      machine) or with ATen's kernel (e.g. ATen's MKL path on Intel CPUs);
+      the values are the same either way.
     * ``flush_reasons``: regions flushed because a strictly run op read or
       wrote their memory (``conflict``), a synchronization or host read
       (``sync``), other stream or event use (``stream``), the size cap
