@@ -38,7 +38,8 @@ def dry_run():
 
     Process-wide while active (autograd's backward thread included). Reading values on the
     host inside it (``.item()``, ``.cpu()``, printing, data-dependent ops such as
-    ``nonzero``) raises RuntimeError. Tensors written inside hold undefined values after it.
+    ``nonzero``) raises RuntimeError. Tensors allocated or written inside hold no values after
+    it: reading one raises RuntimeError until it is overwritten whole (``copy_``, ``fill_``).
     Work queued before entering is finished first.
     """
     if torch.tpu.is_available():
