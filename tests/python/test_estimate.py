@@ -361,8 +361,14 @@ def test_loss_chunks_bound_the_logits_memory():
 
 
 def test_factory_that_raises_or_returns_junk_is_a_clear_error(tmp_path):
-    (tmp_path / "badfac.py").write_text("def build():\n    raise RuntimeError('factory exploded')\n"
-                                        "def junk():\n    return 5\n")
+    (tmp_path / "badfac.py").write_text("import torch\n"
+                                        "def build():\n    raise RuntimeError('factory exploded')\n"
+                                        "def junk():\n    return 5\n"
+                                        "def meta_shy():\n"  # fails on meta only: built on the chip instead
+                                        "    if torch.empty(0).device.type == 'meta':\n"
+                                        "        raise NotImplementedError('no meta')\n"
+                                        "    from torch_tpu.demo.model import GPT, GPTConfig, PRESETS\n"
+                                        "    return GPT(GPTConfig(**PRESETS['tiny']))\n")
     env_path = str(tmp_path)
     for factory, message in (("badfac:build", "model 'badfac:build' raised RuntimeError: factory exploded"),
                              ("badfac:junk", "returned int, not an nn.Module")):
@@ -373,6 +379,16 @@ def test_factory_that_raises_or_returns_junk_is_a_clear_error(tmp_path):
         assert p.returncode == 1, p.stderr[-2000:]
         assert f"torch_tpu.estimate: error: " in p.stderr and message in p.stderr, p.stderr[-2000:]
         assert "Traceback" not in p.stderr, p.stderr[-2000:]
+    p = subprocess.run([sys.executable, "-m", "torch_tpu.estimate", "--model", "badfac:meta_shy", "--topology",
+                        "v6e-1", "--batch", "2", "--seq-len", "16"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1])["params"] > 0
+
+
+def test_run_rejects_zero_steps():
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        run(model_spec("llama-tiny", batch=_chips()), Parallelism(fsdp=_chips()), steps=0)
 
 
 def test_values_written_in_a_dry_run_raise_when_read_after_it():

@@ -158,10 +158,7 @@ def _build(spec: ModelSpec, coll: Collectives, attention: str, loss_chunks: int 
         return M.Llama(spec.llama, tp=coll.par.tp, attention=attention, hooks=tp_hooks(coll), loss_chunks=loss_chunks)
     if spec.kind == "gpt":
         return M.demo_gpt(spec.gpt_preset, seq_len=spec.seq_len)
-    try:
-        model = _factory(spec.factory)(**spec.factory_kwargs)
-    except Exception as e:  # noqa: BLE001 (user code: name it and what it raised)
-        raise ValueError(f"model '{spec.factory}' raised {type(e).__name__}: {e}") from e
+    model = _factory(spec.factory)(**spec.factory_kwargs)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model '{spec.factory}' returned {type(model).__name__}, not an nn.Module")
     return model
@@ -224,6 +221,8 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         raise ValueError(f"loss_chunks must be a positive integer, got {loss_chunks!r}")
     if loss_chunks > 1 and spec.kind != "llama":
         raise ValueError("loss_chunks applies to Llama-style models only")
+    if not isinstance(steps, int) or steps < 1:  # the counters read are those of the last step
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
     t0 = time.perf_counter()
     rss0 = _rss_bytes()
     dev = torch.device("tpu", device)
@@ -236,8 +235,13 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         except ValueError:
             raise
         except Exception:  # noqa: BLE001  (a factory that cannot build on meta: build on the chip)
-            with torch.device(dev):
-                model = _build(spec, coll, attention, loss_chunks)
+            try:
+                with torch.device(dev):
+                    model = _build(spec, coll, attention, loss_chunks)
+            except ValueError:
+                raise
+            except Exception as e:  # noqa: BLE001 (user code: name it and what it raised)
+                raise ValueError(f"model '{spec.factory or spec.name}' raised {type(e).__name__}: {e}") from e
         # The whole model's parameters (the per-chip model holds 1/tp of most of them).
         params = spec.llama.num_params() if spec.kind == "llama" else _distinct_params(model)
         if par.fsdp > 1:
