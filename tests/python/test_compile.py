@@ -461,3 +461,15 @@ def test_int64_constant_beyond_float_precision_is_exact():
     x = torch.tensor([-7, 0, 3, 2**40])
     got = torch.compile(f, backend="tpu")(x.to("tpu")).cpu()
     assert torch.equal(got, f(x)), (got, f(x))
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_graph_with_a_tensor_constant_compiles(device):
+    # torch.tensor(x.tolist()) becomes a graph constant; hashing it for the cache key ran
+    # under AOTAutograd's fake mode and failed the whole compile
+    def f(x):
+        return torch.tensor((x * 2).tolist(), device=device) + x
+
+    x = torch.arange(3.0)
+    got = torch.compile(f, backend="tpu")(x.to(device))
+    close(got, f(x.to(device)))

@@ -92,8 +92,11 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: Sequence) -> str:
             for part in n.target.split("."):
                 obj = getattr(obj, part)
             if isinstance(obj, torch.Tensor):
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
                 h.update(_meta(obj).encode())
-                h.update(obj.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+                with unset_fake_temporarily():  # the compiler runs under AOTAutograd's fake mode
+                    h.update(obj.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
             else:
                 from .graph_compiler import _Uncacheable
 
