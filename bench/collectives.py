@@ -19,8 +19,10 @@ rank reads its input and writes its output once, all ranks at the same time (thr
 2 MiB window, so the copies go through the cache as tpu_dist's do); no synchronization,
 no reduction arithmetic.
 
-``--spin-column`` adds tpu_dist with TORCH_TPU_DIST_SPIN=1 (waits spin and yield before
-sleeping, as before waits slept at once when oversubscribed), timed in the same run.
+``--sleep-column`` adds tpu_dist with TORCH_TPU_DIST_SPIN=0 (waits sleep on the futex at
+once instead of spinning and yielding first), timed in the same run.
+
+Ranks run with OMP_NUM_THREADS=1 unless it is set, as under torchrun and torch_tpu.run.
 
 Run: python bench/collectives.py [--ranks 2 4] [--max-bytes 256MiB] [--ops all_reduce ...]
 Prints a markdown table; ``--json PATH`` also writes the raw numbers.
@@ -111,10 +113,9 @@ def worker(args):
     torch.tpu.set_device(dev)
     dist.init_process_group("tpu_dist", rank=rank, world_size=world)
     gloo = dist.new_group(backend="gloo")
-    # The same backend with the waits it had before (spin, yield, then sleep) for a
-    # before/after under the same load; by default waits sleep at once when oversubscribed.
-    os.environ["TORCH_TPU_DIST_SPIN"] = "1"
-    spin = dist.new_group(backend="tpu_dist") if args.spin_column else None
+    # The same backend whose waits sleep at once instead of spinning first, same load.
+    os.environ["TORCH_TPU_DIST_SPIN"] = "0"
+    sleep = dist.new_group(backend="tpu_dist") if args.sleep_column else None
     del os.environ["TORCH_TPU_DIST_SPIN"]
     # PyTorch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor to *_single.
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -135,9 +136,9 @@ def worker(args):
                 row["memcpy"] = memcpy_bandwidth(size)
             dist.barrier(group=gloo)
             fns, syncs = {}, {}
-            for backend in ("tpu_dist", "spin", "gloo") if args.spin_column else ("tpu_dist", "gloo"):
+            for backend in ("tpu_dist", "sleep", "gloo") if args.sleep_column else ("tpu_dist", "gloo"):
                 device = torch.device("cpu") if backend == "gloo" else dev
-                group = {"tpu_dist": None, "spin": spin, "gloo": gloo}[backend]
+                group = {"tpu_dist": None, "sleep": sleep, "gloo": gloo}[backend]
                 syncs[backend] = (lambda: None) if backend == "gloo" else torch.tpu.synchronize
                 if op == "all_reduce":
                     t = torch.ones(numel, device=device)
@@ -201,9 +202,10 @@ def run_world(world, args):
     procs = []
     for r in range(world):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun and torch_tpu.run set it
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--out", out, "--min-bytes",
                str(args.min_bytes), "--max-bytes", str(args.max_bytes), "--ops", *args.ops]
-        cmd += ["--spin-column"] if args.spin_column else []
+        cmd += ["--sleep-column"] if args.sleep_column else []
         procs.append(subprocess.Popen(cmd, env=env))
     codes = [p.wait() for p in procs]
     if any(codes):
@@ -221,9 +223,8 @@ def main():
     p.add_argument("--max-bytes", type=_parse_bytes, default=256 << 20)
     p.add_argument("--ops", nargs="+", default=OPS, choices=OPS)
     p.add_argument("--json", help="also write the raw numbers here")
-    p.add_argument("--spin-column", action="store_true",
-                   help="also time tpu_dist with TORCH_TPU_DIST_SPIN=1 (waits spin and yield before sleeping, "
-                        "the behaviour before sleeping at once when oversubscribed)")
+    p.add_argument("--sleep-column", action="store_true",
+                   help="also time tpu_dist with TORCH_TPU_DIST_SPIN=0 (waits sleep on the futex at once)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -237,14 +238,14 @@ def main():
     print(f"\nmemcpy (one process, 64 MiB): {single / 1e9:.2f} GB/s")
     for world, data in report["worlds"].items():
         print(f"memcpy ({world} processes at once, per process): {data['memcpy_parallel'] / 1e9:.2f} GB/s")
-    s_head, s_rule = (" spin waits GB/s |", " --- |") if args.spin_column else ("", "")
+    s_head, s_rule = (" SPIN=0 GB/s |", " --- |") if args.sleep_column else ("", "")
     print(f"\n| op | bytes | ranks | tpu_dist busbw GB/s |{s_head} gloo busbw GB/s | memcpy GB/s | traffic floor GB/s "
           "| tpu_dist / gloo | tpu_dist / memcpy | tpu_dist / floor |")
     print(f"| --- | --- | --- | --- |{s_rule} --- | --- | --- | --- | --- | --- |")
     for world, data in report["worlds"].items():
         for row in data["rows"]:
             t, g, m, f = row["tpu_dist"]["busbw"], row["gloo"]["busbw"], row["memcpy"], row["floor"]["busbw"]
-            sp = f" {row['spin']['busbw'] / 1e9:.2f} |" if args.spin_column else ""
+            sp = f" {row['sleep']['busbw'] / 1e9:.2f} |" if args.sleep_column else ""
             print(f"| {row['op']} | {_fmt_bytes(row['bytes'])} | {world} | {t / 1e9:.2f} |{sp} {g / 1e9:.2f} | "
                   f"{m / 1e9:.2f} | {f / 1e9:.2f} | {t / g:.1f}x | {t / m:.0%} | {t / f:.0%} |")
     if args.json:

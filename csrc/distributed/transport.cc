@@ -220,8 +220,7 @@ void ShmGroup::check_health(int waiting_for, bool all, const std::string& what,
 template <typename Ready>
 void ShmGroup::wait_impl(int r, bool all, Ready ready, const std::string& what) {
   if (ready()) return;
-  // Oversubscribed (more ranks than CPUs): the awaited peer needs this CPU, so sleep at
-  // once; spinning or yielding halved 4-rank all_reduce bandwidth on 2 cores.
+  // Without spinning (TORCH_TPU_DIST_SPIN=0) the CPU goes straight to whoever needs it.
   const int spins = opts_.spin ? 256 : 0;
   const int yields = opts_.spin ? 16 : 0;
   for (int i = 0; i < spins; ++i) {

@@ -643,7 +643,8 @@ def scenario_launch():
     t = torch.full((4,), float(dist.get_rank() + 1), device=dev)
     dist.all_reduce(t)
     write({"backend": str(dist.get_backend()), "value": t.cpu().tolist(), "local_rank": local,
-           "device_map": dict(dist.Backend.default_device_backend_map)})
+           "device_map": dict(dist.Backend.default_device_backend_map),
+           "omp_num_threads": os.environ.get("OMP_NUM_THREADS")})
     dist.destroy_process_group()
 
 

@@ -74,10 +74,15 @@ def _check_launch(outdir, world):
 
 
 def test_torch_tpu_run(tmp_path):
+    env = clean_env()
+    del env["OMP_NUM_THREADS"]  # the launcher sets 1 for several ranks, as torchrun does
     proc = subprocess.run([sys.executable, "-m", "torch_tpu.run", "-n", "2", WORKER, "launch", str(tmp_path)],
-                          env=clean_env(), capture_output=True, text=True, timeout=180)
+                          env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check_launch(tmp_path, 2)
+    for r in range(2):
+        with open(os.path.join(tmp_path, f"rank{r}.json")) as f:
+            assert json.load(f)["omp_num_threads"] == "1"
 
 
 def test_torch_tpu_run_stops_others_on_failure(tmp_path):
