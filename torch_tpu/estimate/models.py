@@ -52,7 +52,7 @@ class LlamaConfig:
         """Raises ValueError for sizes that do not make a model."""
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if not isinstance(v, int) or v <= 0:
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:  # JSON true is not 1 layer
                 raise ValueError(f"Llama config: {f.name} must be a positive integer, got {v!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"Llama config: d_model {self.d_model} is not a multiple of n_heads {self.n_heads}")
