@@ -337,8 +337,12 @@ void check_args_defined(const c10::OperatorHandle& op, const torch::jit::Stack& 
   if (view_only) return;  // a view reads no values
   const size_t n = arguments.size();
   for (size_t i = 0; i < n; ++i) {
-    if (arguments[i].is_out() || (i == 0 && skip_self)) continue;
     const IValue& v = stack[stack.size() - n + i];
+    if (arguments[i].is_out()) {  // written whole, not read
+      if (v.isTensor()) clear_undefined_if_whole(v.toTensor());
+      continue;
+    }
+    if (i == 0 && skip_self) continue;
     if (v.isTensor()) {
       check_defined(v.toTensor(), info.label);
     } else if (v.isTensorList()) {

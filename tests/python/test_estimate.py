@@ -413,6 +413,10 @@ def test_values_written_in_a_dry_run_raise_when_read_after_it():
     assert torch.equal(v.cpu(), torch.arange(16.0).view(4, 4).t())
     param.zero_()
     assert param.sum().item() == 0.0
+    with dry_run():
+        out = torch.empty(4, device=dev)
+    torch.add(param, 2.0, out=out)  # an out= result is written whole
+    assert torch.equal(out.cpu(), torch.full((4,), 2.0))
     filled.normal_()
     assert filled.cpu().shape == (3,)
     # tensors untouched by the dry run still hold their values; real work is exact
