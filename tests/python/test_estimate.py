@@ -258,6 +258,7 @@ def _cli(*args, timeout=240):
     (["--model", "llama3-8b", "--topology", "v6e-8", "--slices", "2", "--dp", "1", "--fsdp", "16"], "multiple of slices"),
     # bad input that used to escape as a traceback or be silently replaced by a default
     (["--model", "llama", "--config", "[1, 2]"], "--config: a JSON object"),
+    (["--model", "gpt-tiny", "--model-kwargs", '{"d_model": 8}'], "--model-kwargs applies to a factory"),
     (["--model", "llama", "--config", '{"n_layers": true}'], "n_layers must be a positive integer, got True"),
     (["--model", "llama", "--config", "/nonexistent/config.json"], "--config: cannot read"),
     (["--model", "llama", "--config", '{"n_layers": 2, "d_model": '], "--config: invalid JSON"),

@@ -176,6 +176,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         kwargs = json.loads(args.model_kwargs) if args.model_kwargs else None
         if kwargs is not None and not isinstance(kwargs, dict):
             raise ValueError("--model-kwargs must be a JSON object")
+        if kwargs is not None and ":" not in args.model:
+            raise ValueError(f"--model-kwargs applies to a factory (package.module:callable), not '{args.model}'")
         spec = model_spec(args.model, config_json=args.config, batch=args.batch, seq_len=args.seq_len,
                           factory_kwargs=kwargs, vocab_size=args.vocab_size, n_layers=args.n_layers,
                           d_model=args.d_model, n_heads=args.n_heads, n_kv_heads=args.n_kv_heads,
