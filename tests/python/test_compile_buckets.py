@@ -578,3 +578,17 @@ def test_sizes_without_a_bucket_compile_exactly(fresh, spec, why):
     st = bucketing.bucket_stats()
     assert st["exact_compilations"] == 2 and st["bucket_compilations"] == 0, st
     assert all(why in r for r in st["reasons"]), st["reasons"]
+
+
+def test_var_mean_over_the_padded_dim(fresh):
+    """var_mean's decomposition creates tensors at the padded size (regression: the
+    masking pass met a node without a traced value and raised AttributeError)."""
+    def f(x):
+        var, mean = torch.var_mean(x * 2, 1)
+        return var, mean
+
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    for n in (3, 5, 9):
+        x = torch.randn(2, n)
+        for got, want in zip(compiled(x.to("tpu")), f(x)):
+            torch.testing.assert_close(got.cpu(), want, **TOL)

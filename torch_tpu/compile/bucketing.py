@@ -493,7 +493,11 @@ class _MarkingInterpreter(torch.fx.Interpreter):
             return False
         # a tensor made from sizes alone (torch.zeros(b, s), torch.arange(s))
         for a in n.all_input_nodes:
-            if isinstance(_example(a), torch.Tensor):
+            ev = _example(a)
+            if isinstance(ev, torch.Tensor):
+                return False
+            # getitem of a multi-output op (var_mean(x)[0]) reads tensors too
+            if isinstance(ev, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in ev):
                 return False
         return True
 
@@ -1002,6 +1006,8 @@ class _Masker:
         if op is torch.ops.torch_tpu_bucketing.fresh.default:
             x, dims, syms, offs = args
             v = _val(x)
+            if v is None:
+                raise _unsupported(f"a tensor of dynamic size without a traced value ({x.format_node()})")
             m = self.mask_of(x)
             for d, si, off in zip(dims, syms, offs):
                 m = self.both(m, self.prefix_mask(self.symbols[si], off, v.shape[d], d, v.dim()),
