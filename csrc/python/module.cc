@@ -2,6 +2,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/generated/variable_factories.h>
+
+#include <thread>
 
 #include "aten/allocator.h"
 #include "aten/device.h"
@@ -154,6 +158,32 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_device", [](int i) { translate_errors([&] { set_current_device(static_cast<c10::DeviceIndex>(i)); }); });
   m.def("_synchronize", [](int i) { synchronize_device(static_cast<c10::DeviceIndex>(i)); },
         py::call_guard<py::gil_scoped_release>());
+  // At interpreter exit: the autograd engine's thread for a chip may still hold
+  // the last reference to the last backward's graph task, whose thread-local
+  // state holds Python objects; released during finalization, taking the GIL
+  // makes Python call pthread_exit and the forced unwind aborts the process
+  // ("terminate called without an active exception"). The engine thread runs
+  // graph tasks one after another, so after two tiny backwards from a thread
+  // that never touched Python (no Python objects in their state), earlier tasks
+  // are released.
+  m.def("_settle_autograd_threads", [](int devices) {
+    py::gil_scoped_release no_gil;
+    std::thread settle([devices] {
+      try {
+        for (int d = 0; d < devices; ++d) {
+          auto options = at::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1,
+                                                                static_cast<c10::DeviceIndex>(d)));
+          for (int i = 0; i < 2; ++i) {
+            auto leaf = torch::zeros({}, options.requires_grad(true));
+            torch::autograd::backward({leaf.mul(1)});
+          }
+        }
+      } catch (const std::exception&) {
+        // best effort at exit
+      }
+    });
+    settle.join();
+  });
   m.def("_memory_stats", [](int i) { return translate_errors([&] { return memory_stats_dict(i); }); });
   m.def("_empty_cache", [] { tpu_allocator().emptyCache(); }, py::call_guard<py::gil_scoped_release>());
   m.def("_reset_peak_memory_stats", [](int i) { translate_errors([&] { tpu_allocator().resetPeakStats(i); }); });

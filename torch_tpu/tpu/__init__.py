@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -61,7 +62,10 @@ def init() -> None:
 
 def _drain_at_exit() -> None:
     # Work still queued at exit runs now, while the interpreter and ATen are
-    # whole; a failure is printed, since nobody is left to catch it.
+    # whole; a failure is printed, since nobody is left to catch it. A forked
+    # child has no stream workers (threads do not survive fork): nothing to wait for.
+    if os.getpid() != _RUNTIME_PID:
+        return
     try:
         count = _C._device_count()
     except Exception:
@@ -71,8 +75,13 @@ def _drain_at_exit() -> None:
             _C._synchronize(index)
         except Exception as error:  # noqa: BLE001 - reported, then exit goes on
             print(f"torch_tpu: work queued on tpu:{index} failed at exit: {error}", file=sys.stderr)
+    try:
+        _C._settle_autograd_threads(count)  # see the binding: an abort at exit otherwise
+    except Exception:  # noqa: BLE001 - best effort at exit
+        pass
 
 
+_RUNTIME_PID = os.getpid()
 atexit.register(_drain_at_exit)
 
 
