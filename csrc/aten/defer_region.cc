@@ -70,17 +70,9 @@ void update_stats(F&& f) {
 
 enum class Reason { kConflict, kSync, kStream, kSizeCap, kView, kRepeat, kOther };
 
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long long x = std::strtoll(v, &end, 10);
-  return (end && *end == '\0' && x > 0) ? x : fallback;
-}
-
 // TORCH_TPU_DEFER_MAX_OPS: ATen ops per region before it is flushed (256).
 int64_t max_ops() {
-  static const int64_t n = env_int("TORCH_TPU_DEFER_MAX_OPS", 256);
+  static const int64_t n = env_positive_int("TORCH_TPU_DEFER_MAX_OPS", 256);
   return n;
 }
 

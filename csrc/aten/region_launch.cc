@@ -28,9 +28,7 @@ namespace torch_tpu {
 
 using ir::ValueId;
 
-namespace {
-
-int64_t env_int(const char* name, int64_t fallback) {
+int64_t env_positive_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
   char* end = nullptr;
@@ -38,13 +36,15 @@ int64_t env_int(const char* name, int64_t fallback) {
   return (end && *end == '\0' && x > 0) ? x : fallback;
 }
 
+namespace {
+
 // TORCH_TPU_DEFER_SPLIT_ELEMENTS: results of at least this many elements
 // are computed in chunks on the intra-op threads (262144; 0 turns it off).
 int64_t split_elements() {
   static const int64_t n = [] {
     const char* v = std::getenv("TORCH_TPU_DEFER_SPLIT_ELEMENTS");
     if (v && std::string(v) == "0") return int64_t{0};
-    return env_int("TORCH_TPU_DEFER_SPLIT_ELEMENTS", int64_t{1} << 18);
+    return env_positive_int("TORCH_TPU_DEFER_SPLIT_ELEMENTS", int64_t{1} << 18);
   }();
   return n;
 }
@@ -105,7 +105,7 @@ std::vector<int> split_dims(const ir::Graph& g, int64_t n) {
 // norm) stay in the core's cache instead of streaming through memory, as a
 // TPU keeps them in VMEM.
 int64_t chunk_elements() {
-  static const int64_t n = env_int("TORCH_TPU_DEFER_CHUNK_ELEMENTS", int64_t{1} << 18);
+  static const int64_t n = env_positive_int("TORCH_TPU_DEFER_CHUNK_ELEMENTS", int64_t{1} << 18);
   return n;
 }
 

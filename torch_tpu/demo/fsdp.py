@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from . import data, estimate
 from .model import GPT, GPTConfig, PRESETS
-from .train import (DEFAULTS, DemoError, CheckpointError, _RUN_KEYS, _log_event, autocast_ctx,
+from .train import (DEFAULTS, DemoError, CheckpointError, _InterruptFlag, _RUN_KEYS, _log_event, autocast_ctx,
                     clean_error_text, lr_at, make_optimizer, oom_message, sample)
 
 _DCP_RE = re.compile(r"^dcp-(\d+)$")
@@ -132,30 +132,12 @@ def evaluate_sharded(model, batches, device, dtype: str, rank: int, world: int) 
     return float(t.item())
 
 
-class _StopFlag:
+class _StopFlag(_InterruptFlag):
     """SIGINT/SIGTERM (the launcher forwards Ctrl-C to every rank): finish the current step, agree
     with the other ranks to stop, save. A second signal raises KeyboardInterrupt."""
 
     def __init__(self, log):
-        self.hit = False
-        self.log = log
-        self._prev = {}
-
-    def __enter__(self):
-        for s in (signal.SIGINT, signal.SIGTERM):
-            self._prev[s] = signal.signal(s, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.hit:
-            raise KeyboardInterrupt
-        self.hit = True
-        self.log("interrupt: finishing this step, then saving a checkpoint (Ctrl-C again to abort)")
-
-    def __exit__(self, *exc):
-        for s, h in self._prev.items():
-            signal.signal(s, h)
-        return False
+        super().__init__(log, signals=(signal.SIGINT, signal.SIGTERM))
 
 
 def run_fsdp(args) -> int:

@@ -260,16 +260,18 @@ class Result:
 
 
 class _InterruptFlag:
-    """SIGINT handler: the first Ctrl-C asks the loop to stop after the current step (and save);
-    a second one raises KeyboardInterrupt at once."""
+    """SIGINT handler (and any other `signals`): the first signal asks the loop to stop after the
+    current step (and save); a second one raises KeyboardInterrupt at once."""
 
-    def __init__(self, log):
+    def __init__(self, log, signals=(signal.SIGINT,)):
         self.hit = False
         self.log = log
-        self._prev = None
+        self._signals = signals
+        self._prev = {}
 
     def __enter__(self):
-        self._prev = signal.signal(signal.SIGINT, self._handle)
+        for s in self._signals:
+            self._prev[s] = signal.signal(s, self._handle)
         return self
 
     def _handle(self, signum, frame):
@@ -279,7 +281,8 @@ class _InterruptFlag:
         self.log("interrupt: finishing this step, then saving a checkpoint (Ctrl-C again to abort)")
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self._prev)
+        for s, h in self._prev.items():
+            signal.signal(s, h)
         return False
 
 
