@@ -162,3 +162,19 @@ def gate(strict_mode):
     g.open()  # never leave a stream blocked
     for i in range(torch.tpu.device_count()):
         torch.tpu.synchronize(i)
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    """About 40 small standard-library files: enough text, quick to read (the demo tests,
+    single- and multi-chip)."""
+    import shutil
+
+    from torch_tpu.demo import data
+
+    src = data.default_corpus()
+    files = [f for f in data.list_source_files(src) if "/" not in f and os.path.getsize(os.path.join(src, f)) < 40_000]
+    root = tmp_path_factory.mktemp("corpus")
+    for f in files[:40]:
+        shutil.copy(os.path.join(src, f), root / f)
+    return str(root)

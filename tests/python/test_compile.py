@@ -316,6 +316,21 @@ def test_second_process_compiles_nothing(tmp_path):
     assert second["sum"] == pytest.approx(first["sum"], rel=1e-6, abs=1e-6)
 
 
+def _recompile_expecting_a_rebuilt_entry(f, x):
+    """Compiles `f` afresh (no Dynamo or in-memory programs): the damaged disk entry is
+    reported once, compiled again, and the result equals CPU."""
+    torch._dynamo.reset()
+    program_cache.clear_memory_cache()
+    torch_tpu.reset_compile_stats()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got = torch.compile(f, backend="tpu")(x.to("tpu"))
+    close(got, f(x))
+    assert any("corrupted" in str(m.message) for m in w)
+    s = torch_tpu.compile_stats()
+    assert s["corrupt_cache_entries"] == 1 and s["compilations"] == 1 and s["cache_hits_disk"] == 0
+
+
 def test_corrupted_entry_is_detected_and_rebuilt(tmp_path):
     def f(x):
         return torch.tanh(x).mean(dim=0)
@@ -327,16 +342,7 @@ def test_corrupted_entry_is_detected_and_rebuilt(tmp_path):
     data = open(files[0], "rb").read()
     with open(files[0], "wb") as fh:
         fh.write(data[: len(data) // 2])  # truncated, as by a crash without the atomic rename
-    torch._dynamo.reset()
-    program_cache.clear_memory_cache()
-    torch_tpu.reset_compile_stats()
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        got = torch.compile(f, backend="tpu")(x.to("tpu"))
-    close(got, f(x))
-    assert any("corrupted" in str(m.message) for m in w)
-    s = torch_tpu.compile_stats()
-    assert s["corrupt_cache_entries"] == 1 and s["compilations"] == 1 and s["cache_hits_disk"] == 0
+    _recompile_expecting_a_rebuilt_entry(f, x)
     # rebuilt: a whole entry again
     desc = program_cache.disk_get(os.path.basename(files[0])[:-5])
     assert desc is not None and desc["steps"]
@@ -441,16 +447,7 @@ def test_entry_with_valid_checksum_but_junk_body_is_rebuilt(junk, monkeypatch):
             if st["kind"] == "region":
                 st["records"] = [[["bogus"]], [0]]
         _plant_entry(path, good, FORMAT_VERSION)
-    torch._dynamo.reset()
-    program_cache.clear_memory_cache()
-    torch_tpu.reset_compile_stats()
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        got = torch.compile(f, backend="tpu")(x.to("tpu"))
-    close(got, f(x))
-    assert any("corrupted" in str(m.message) for m in w)
-    s = torch_tpu.compile_stats()
-    assert s["corrupt_cache_entries"] == 1 and s["compilations"] == 1 and s["cache_hits_disk"] == 0
+    _recompile_expecting_a_rebuilt_entry(f, x)
 
 
 def test_int64_constant_beyond_float_precision_is_exact():

@@ -41,17 +41,6 @@ def last_json(proc):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    """About 40 small standard-library files: enough text, quick to read."""
-    src = data.default_corpus()
-    files = [f for f in data.list_source_files(src) if "/" not in f and os.path.getsize(os.path.join(src, f)) < 40_000]
-    root = tmp_path_factory.mktemp("corpus")
-    for f in files[:40]:
-        shutil.copy(os.path.join(src, f), root / f)
-    return str(root)
-
-
 # --- data -----------------------------------------------------------------------------
 
 

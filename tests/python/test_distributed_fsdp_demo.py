@@ -14,21 +14,10 @@ import sys
 import pytest
 
 from dist_helpers import clean_env, segments
-from torch_tpu.demo import data
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMON = ["--model-size", "tiny", "--batch-size", "8", "--seq-len", "32", "--eval-batches", "2",
           "--sample-tokens", "8", "--warmup", "1", "--dtype", "fp32", "--eval-every", "1"]
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    src = data.default_corpus()
-    files = [f for f in data.list_source_files(src) if "/" not in f and os.path.getsize(os.path.join(src, f)) < 40_000]
-    root = tmp_path_factory.mktemp("corpus")
-    for f in files[:40]:
-        shutil.copy(os.path.join(src, f), root / f)
-    return str(root)
 
 
 def _run(cmd, timeout=120):
