@@ -108,6 +108,20 @@ struct KernelProgram {
 
 namespace {
 
+// Tiles that do not straddle rows of the innermost dimension (size `row`):
+// then a per-row value broadcast along the row (a mean, a scale) is one
+// scalar for the whole tile and a vector broadcast across rows (a bias) is
+// read in place. Rows from 1024 elements up to `tile` are one tile each;
+// longer rows are cut into equal tiles of at least tile / 2.
+int64_t row_aligned_tile(int64_t tile, int64_t row) {
+  if (row >= 1024 && row <= tile) return row;
+  if (row <= tile) return tile;
+  const int64_t fewest = (row + tile - 1) / tile;
+  for (int64_t k = fewest; k <= 2 * fewest; ++k)
+    if (row % k == 0) return row / k >= tile / 2 ? row / k : tile;
+  return tile;
+}
+
 class ProgramBuilder {
  public:
   ProgramBuilder(const ir::Graph& g, const ir::FusedKernel& k) : g_(g), k_(k), computed_(k.ops.begin(), k.ops.end()) {}
@@ -151,6 +165,7 @@ class ProgramBuilder {
       // (GELU, 1M f32 on the dev machine: 1.9 ms at 1024, 2.4 ms at 4096.)
       p_.tile = 4096;
       while (p_.tile > 1024 && p_.num_slots * p_.tile * 4 > 24 * 1024) p_.tile /= 2;
+      p_.tile = row_aligned_tile(p_.tile, p_.iteration_shape.empty() ? 1 : p_.iteration_shape.back());
     }
     return std::move(p_);
   }
@@ -437,6 +452,23 @@ void for_each_run(const Nest& nest, int64_t start, int64_t n, F f) {
   }
 }
 
+// Whether the flat range [start, start + n) lies in one run of the innermost
+// dimension; then its first element is at *offset and the run's stride is *stride.
+bool single_run(const Nest& nest, int64_t start, int64_t n, int64_t* offset, int64_t* stride) {
+  const size_t r = nest.size.size();
+  int64_t rem = start, off = 0, inner_pos = 0;
+  for (size_t d = r; d-- > 0;) {
+    const int64_t pos = rem % nest.size[d];
+    rem /= nest.size[d];
+    off += pos * nest.stride[d];
+    if (d == r - 1) inner_pos = pos;
+  }
+  if (inner_pos + n > nest.size[r - 1]) return false;
+  *offset = off;
+  *stride = nest.stride[r - 1];
+  return true;
+}
+
 struct Access {
   char* base = nullptr;
   ElementType dtype = ElementType::f32;
@@ -511,8 +543,27 @@ void run_kernel(const KernelProgram& p, const std::vector<Buffer>& load_bufs, co
   std::vector<char*> where(static_cast<size_t>(p.num_slots));
   for (int32_t s = 0; s < p.num_slots; ++s) where[s] = scratch + s * slot_bytes;
   std::vector<char*> own = where;
-  auto slot = [&](int32_t s) { return where[s]; };
-  auto ptr = [&](const Operand& o) -> const void* { return o.is_imm() ? nullptr : where[o.reg]; };
+  // A slot loaded from one broadcast element for the whole tile holds a
+  // scalar: binary ops, compares and selects take it as an immediate, other
+  // readers get it filled in (materialize).
+  std::vector<char> uniform(static_cast<size_t>(p.num_slots), 0);
+  std::vector<Imm> uniform_value(static_cast<size_t>(p.num_slots));
+  std::vector<Lane> uniform_lane(static_cast<size_t>(p.num_slots), Lane::kF32);
+  int64_t n = 0;  // elements in the current tile
+  auto materialize = [&](int32_t s) {
+    if (!uniform[s]) return;
+    tile::fill(uniform_lane[s], uniform_value[s], own[s], n);
+    where[s] = own[s];
+    uniform[s] = 0;
+  };
+  auto slot = [&](int32_t s) {
+    materialize(s);
+    return where[s];
+  };
+  auto ptr = [&](const Operand& o) -> const void* {
+    return o.is_imm() || uniform[o.reg] ? nullptr : where[o.reg];
+  };
+  auto imm = [&](const Operand& o) { return !o.is_imm() && uniform[o.reg] ? uniform_value[o.reg] : o.imm; };
 
   std::vector<Access> loads, stores;
   loads.reserve(p.loads.size());
@@ -556,17 +607,41 @@ void run_kernel(const KernelProgram& p, const std::vector<Buffer>& load_bufs, co
   }
 
   for (int64_t start = 0; start < p.numel; start += T) {
-    const int64_t n = std::min(T, p.numel - start);
+    n = std::min(T, p.numel - start);
     for (const Instr& in : p.instrs) {
-      if (in.dst >= 0 && in.code != Code::kWrap && in.code != Code::kStore && in.code != Code::kReduce)
+      if (in.dst >= 0 && in.code != Code::kWrap && in.code != Code::kStore && in.code != Code::kReduce) {
         where[in.dst] = in.direct_store >= 0 && direct[in.direct_store]
                             ? stores[in.direct_store].base + start * stores[in.direct_store].esize
                             : own[in.dst];
+        uniform[in.dst] = 0;
+      }
       switch (in.code) {
-        case Code::kLoad:
-          if (alias_load[in.io]) where[in.dst] = loads[in.io].base + start * loads[in.io].esize;
-          else load_tile(loads[in.io], start, n, slot(in.dst), lane_bytes(in.lane));
+        case Code::kLoad: {
+          const Access& a = loads[in.io];
+          int64_t offset = 0, stride = 0;
+          if (alias_load[in.io]) {
+            where[in.dst] = a.base + start * a.esize;
+          } else if (!single_run(a.nest, start, n, &offset, &stride)) {
+            load_tile(a, start, n, slot(in.dst), lane_bytes(in.lane));
+          } else if (stride == 0 && in.lane != Lane::kPred) {
+            // One element for the whole tile (a per-row statistic, a bias
+            // along rows): a scalar, not a filled tile.
+            alignas(8) char value[8];
+            tile::load(a.dtype, a.base + offset * a.esize, 0, value, 1);
+            Imm& v = uniform_value[in.dst];
+            if (in.lane == Lane::kF32) v.f = *reinterpret_cast<float*>(value);
+            else if (in.lane == Lane::kF64) v.f = *reinterpret_cast<double*>(value);
+            else v.i = *reinterpret_cast<int64_t*>(value);
+            uniform[in.dst] = 1;
+            uniform_lane[in.dst] = in.lane;
+          } else if (stride == 1 && lane_bytes(in.lane) == a.esize &&
+                     (a.dtype == ElementType::f32 || a.dtype == ElementType::f64 || a.dtype == ElementType::s64)) {
+            where[in.dst] = a.base + offset * a.esize;  // lane values in memory, read in place
+          } else {
+            tile::load(a.dtype, a.base + offset * a.esize, stride, slot(in.dst), n);
+          }
           break;
+        }
         case Code::kFill:
           tile::fill(in.lane, in.a.imm, slot(in.dst), n);
           break;
@@ -574,15 +649,15 @@ void run_kernel(const KernelProgram& p, const std::vector<Buffer>& load_bufs, co
           tile::unary(in.op, in.lane, slot(in.dst), slot(in.a.reg), n);
           break;
         case Code::kBinary:
-          tile::binary(in.op, in.lane, slot(in.dst), ptr(in.a), in.a.imm, ptr(in.b), in.b.imm, n);
+          tile::binary(in.op, in.lane, slot(in.dst), ptr(in.a), imm(in.a), ptr(in.b), imm(in.b), n);
           break;
         case Code::kCompare:
-          tile::compare(in.dir, in.lane, reinterpret_cast<uint8_t*>(slot(in.dst)), ptr(in.a), in.a.imm, ptr(in.b),
-                        in.b.imm, n);
+          tile::compare(in.dir, in.lane, reinterpret_cast<uint8_t*>(slot(in.dst)), ptr(in.a), imm(in.a), ptr(in.b),
+                        imm(in.b), n);
           break;
         case Code::kSelect:
-          tile::select(in.lane, slot(in.dst), reinterpret_cast<const uint8_t*>(slot(in.a.reg)), ptr(in.b), in.b.imm,
-                       ptr(in.c), in.c.imm, n);
+          tile::select(in.lane, slot(in.dst), reinterpret_cast<const uint8_t*>(slot(in.a.reg)), ptr(in.b), imm(in.b),
+                       ptr(in.c), imm(in.c), n);
           break;
         case Code::kConvert:
           tile::convert(in.src_lane, in.src_dtype, in.lane, in.dtype, slot(in.dst), slot(in.a.reg), n);
