@@ -151,6 +151,17 @@ torch::jit::Stack build_stack(const std::vector<QueuedArg>& args, AliasBuilder& 
 }
 
 
+// A view of `aliased`'s storage with the given layout and dtype (view_as_real,
+// view_as_complex and view(dtype) change the dtype; as_strided cannot).
+at::Tensor view_of(const at::Tensor& aliased, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset,
+                   c10::ScalarType dtype) {
+  if (dtype == aliased.scalar_type()) return aliased.as_strided(sizes, strides, offset);
+  at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(aliased.storage()), aliased.key_set(), c10::scalarTypeToTypeMeta(dtype));
+  view.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  return view;
+}
+
 // A tpu tensor laid out as `m` says: a view of the aliased argument, the
 // argument itself when written, or a fresh HBM tensor.
 at::Tensor tpu_result(const TensorMeta& m, const ReturnAlias& alias, const at::Tensor& aliased,
@@ -163,13 +174,7 @@ at::Tensor tpu_result(const TensorMeta& m, const ReturnAlias& alias, const at::T
       }
       return aliased;
     }
-    if (m.dtype != aliased.scalar_type()) {  // view_as_real / view_as_complex / view(dtype)
-      at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
-          c10::Storage(aliased.storage()), aliased.key_set(), c10::scalarTypeToTypeMeta(m.dtype));
-      view.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides, m.offset);
-      return view;
-    }
-    return aliased.as_strided(m.sizes, m.strides, m.offset);
+    return view_of(aliased, m.sizes, m.strides, m.offset, m.dtype);
   }
   return empty_tpu(m.sizes, m.strides, m.dtype, device);
 }
@@ -422,7 +427,7 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
       if (!t.defined()) return t;
       if (alias.arg >= 0 && k < aliased.size()) {
         if (alias.write) return aliased[k];
-        return aliased[k].as_strided(t.sizes(), t.strides(), t.storage_offset());
+        return view_of(aliased[k], t.sizes(), t.strides(), t.storage_offset(), t.scalar_type());
       }
       auto out = empty_tpu(t.sizes(), t.strides(), t.scalar_type(), device);
       host_alias(out).copy_(t);  // nothing is queued on a fresh tensor

@@ -118,6 +118,29 @@ def test_debug_mode_shape_errors_are_cpu_types_with_context():
     assert "2x3" in str(info.value) or "[2, 3]" in str(info.value)
 
 
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+def test_dtype_changing_views_keep_their_dtype(mode):
+    """view_as_complex / view_as_real / view(dtype) return views with the new dtype in
+    every mode (debug mode's synchronous path once gave view_as_complex a float32 view
+    and view_as_real a ComplexFloat[..., 2] one, out of its storage's bounds: stft)."""
+    x = torch.randn(5, 2)
+    c = torch.view_as_complex(x)
+    t = x.to("tpu")
+    with torch_tpu.eager_mode(mode):
+        tc = torch.view_as_complex(t)
+        assert tc.dtype == torch.complex64 and tc.shape == (5,) and tc.stride() == (1,)
+        assert tc.data_ptr() == t.data_ptr()
+        tr = torch.view_as_real(tc)
+        assert tr.dtype == torch.float32 and tr.shape == (5, 2) and tr.stride() == (2, 1)
+        ti = t.view(torch.int32)
+        assert ti.dtype == torch.int32 and ti.shape == (5, 2)
+        spec = torch.stft(torch.arange(100.0).to("tpu"), 10, return_complex=False)
+    torch.testing.assert_close(tc.cpu(), c)
+    torch.testing.assert_close(tr.cpu(), x)
+    assert torch.equal(ti.cpu(), x.view(torch.int32))
+    torch.testing.assert_close(spec.cpu(), torch.stft(torch.arange(100.0), 10, return_complex=False))
+
+
 def test_strict_mode_error_is_sticky_then_cleared():
     x = torch.randn(5, 3, device="tpu")
     y = x.index_select(0, torch.tensor([0, 99], device="tpu"))  # queued: no error yet
