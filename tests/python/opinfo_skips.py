@@ -58,3 +58,24 @@ SKIPS: dict[tuple[str, str, str], str] = {
     # BUG_BN_OUT_NONCONTIG (float32; in bfloat16 BUG_META_OUT fails first)
     # BUG_MODE_OUT
 }
+
+# ---- mode-specific skips (tests/python/test_opinfo_modes.py) ----------------
+#
+# Cases skipped in one non-default eager mode only (debug, defer_and_fuse):
+# keys (mode, op, dtype, kind). Only genuine, documented limits of a mode
+# belong here; a wrong result is a bug to fix in csrc/aten/.
+
+# Keys (variant, op, dtype, kind); the variants are test_opinfo_modes.py's: debug,
+# defer_and_fuse, defer_and_fuse_compiled (defer_and_fuse with single-op regions
+# compiled too, TORCH_TPU_DEFER_SINGLE_OP_ATEN=0).
+
+ILL_CONDITIONED_CTC = (
+    "ctc_loss's gradient amplifies 1-ulp differences of its log-probabilities ~40x: the compiled "
+    "log_softmax (executor exp/log polynomials, another summation order; README 'Numerics' of "
+    "defer_and_fuse) is within 2 float32 ulp of CPU's, yet the grad then differs by up to 7.4e-5 "
+    "(atol 1e-5); CPU's own grad moves by 3.5e-5 when its log_softmax is instead rounded from float64. "
+    "With ATen's kernel for the lone log_softmax (defer_and_fuse) the case passes")
+
+MODE_SKIPS: dict[tuple[str, str, str, str], str] = {
+    ("defer_and_fuse_compiled", "nn.functional.ctc_loss", "float32", "grad"): ILL_CONDITIONED_CTC,
+}
