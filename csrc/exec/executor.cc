@@ -112,10 +112,12 @@ namespace {
 // then a per-row value broadcast along the row (a mean, a scale) is one
 // scalar for the whole tile and a vector broadcast across rows (a bias) is
 // read in place. Rows from 1024 elements up to `tile` are one tile each;
-// longer rows are cut into equal tiles of at least tile / 2.
+// shorter rows are packed whole into a tile (reduced and expanded row by row
+// in one call); longer rows are cut into equal tiles of at least tile / 2.
 int64_t row_aligned_tile(int64_t tile, int64_t row) {
+  if (row <= 0) return tile;  // an empty iteration space
   if (row >= 1024 && row <= tile) return row;
-  if (row <= tile) return tile;
+  if (row <= tile) return row * (tile / row);  // whole short rows: reduced and broadcast a row at a time
   const int64_t fewest = (row + tile - 1) / tile;
   for (int64_t k = fewest; k <= 2 * fewest; ++k)
     if (row % k == 0) return row / k >= tile / 2 ? row / k : tile;
@@ -469,6 +471,28 @@ bool single_run(const Nest& nest, int64_t start, int64_t n, int64_t* offset, int
   return true;
 }
 
+// Whether the flat range [start, start + n) is whole rows of the innermost
+// dimension (of length *row_len) that are consecutive along the next one;
+// then the first row starts at *offset and rows are *row_stride apart.
+bool whole_rows(const Nest& nest, int64_t start, int64_t n, int64_t* offset, int64_t* row_len,
+                int64_t* row_stride) {
+  const size_t r = nest.size.size();
+  const int64_t len = nest.size[r - 1];
+  if (r < 2 || start % len != 0 || n % len != 0) return false;
+  int64_t rem = start / len, off = 0, row_pos = 0;
+  for (size_t d = r - 1; d-- > 0;) {
+    const int64_t pos = rem % nest.size[d];
+    rem /= nest.size[d];
+    off += pos * nest.stride[d];
+    if (d == r - 2) row_pos = pos;
+  }
+  if (row_pos + n / len > nest.size[r - 2]) return false;
+  *offset = off;
+  *row_len = len;
+  *row_stride = nest.stride[r - 2];
+  return true;
+}
+
 struct Access {
   char* base = nullptr;
   ElementType dtype = ElementType::f32;
@@ -622,7 +646,11 @@ void run_kernel(const KernelProgram& p, const std::vector<Buffer>& load_bufs, co
           if (alias_load[in.io]) {
             where[in.dst] = a.base + start * a.esize;
           } else if (!single_run(a.nest, start, n, &offset, &stride)) {
-            load_tile(a, start, n, slot(in.dst), lane_bytes(in.lane));
+            int64_t row_len = 0, row_stride = 0;
+            if (a.nest.stride.back() == 0 && whole_rows(a.nest, start, n, &offset, &row_len, &row_stride))
+              tile::expand_rows(a.dtype, a.base + offset * a.esize, row_stride, n / row_len, row_len, slot(in.dst));
+            else
+              load_tile(a, start, n, slot(in.dst), lane_bytes(in.lane));
           } else if (stride == 0 && in.lane != Lane::kPred) {
             // One element for the whole tile (a per-row statistic, a bias
             // along rows): a scalar, not a filled tile.
@@ -676,6 +704,11 @@ void run_kernel(const KernelProgram& p, const std::vector<Buffer>& load_bufs, co
           const int64_t lb = lane_bytes(r.lane);
           const char* src = slot(in.a.reg);
           char* a = acc[in.io].get();
+          int64_t off = 0, row_len = 0, row_stride = 0;
+          if (reduce_nest.stride.back() == 0 && whole_rows(reduce_nest, start, n, &off, &row_len, &row_stride)) {
+            tile::reduce_rows(r.kind, r.lane, src, n / row_len, row_len, a + off * lb, row_stride);
+            break;
+          }
           for_each_run(reduce_nest, start, n, [&](int64_t off, int64_t pos, int64_t len, int64_t stride) {
             if (stride == 0) tile::reduce_run(r.kind, r.lane, src + pos * lb, len, a + off * lb);
             else tile::reduce_cols(r.kind, r.lane, src + pos * lb, a + off * lb, len);

@@ -317,9 +317,10 @@ TPU_AI void store_loop(const S* __restrict__ s, int64_t stride, T* __restrict__ 
   }
 }
 
-template <class T, class F>
-TPU_AI T tree_reduce(const T* __restrict__ x, int64_t n, T id, F f) {
-  constexpr int W = 64;  // independent accumulators: four AVX-512 vectors of floats, not one latency-bound chain
+// W independent accumulators: with 64, four AVX-512 vectors of floats rather
+// than one latency-bound chain; short runs take 16, whose final combine is cheaper.
+template <int W, class T, class F>
+TPU_AI T tree_reduce_w(const T* __restrict__ x, int64_t n, T id, F f) {
   T acc[W];
   for (int j = 0; j < W; ++j) acc[j] = id;
   int64_t i = 0;
@@ -330,6 +331,39 @@ TPU_AI T tree_reduce(const T* __restrict__ x, int64_t n, T id, F f) {
   T s = acc[0];
   for (; i < n; ++i) s = f(s, x[i]);
   return s;
+}
+
+template <class T, class F>
+TPU_AI T tree_reduce(const T* __restrict__ x, int64_t n, T id, F f) {
+  return n >= 512 ? tree_reduce_w<64>(x, n, id, f) : tree_reduce_w<16>(x, n, id, f);
+}
+
+// NaN-propagating max (kMax) or min of floats. The plain select `v > a ? v :
+// a` is one vmaxps; NaNs are caught apart (a NaN lane keeps the NaN), so the
+// loop vectorizes where fmax_nan's "or" does not.
+template <bool kMax, class T>
+TPU_AI T float_extreme(const T* __restrict__ x, int64_t n, T id) {
+  constexpr int W = 32;
+  T acc[W], nan[W];
+  for (int j = 0; j < W; ++j) acc[j] = id, nan[j] = T(0);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    for (int j = 0; j < W; ++j) {
+      const T v = x[i + j];
+      acc[j] = (kMax ? v > acc[j] : v < acc[j]) ? v : acc[j];
+      nan[j] = v != v ? v : nan[j];
+    }
+  }
+  T r = id, q = T(0);
+  for (int j = 0; j < W; ++j) {
+    r = (kMax ? acc[j] > r : acc[j] < r) ? acc[j] : r;
+    q = nan[j] != nan[j] ? nan[j] : q;
+  }
+  for (; i < n; ++i) {
+    r = (kMax ? x[i] > r : x[i] < r) ? x[i] : r;
+    q = x[i] != x[i] ? x[i] : q;
+  }
+  return q != q ? q : r;
 }
 
 template <class T, class F>
@@ -361,13 +395,15 @@ TPU_AI void reduce_run_typed(ReduceKind kind, const T* x, int64_t n, T* acc) {
     case ReduceKind::kMax: {
       auto f = [](T a, T b) { return fmax_nan(b, a); };
       T id = std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
-      *acc = f(*acc, tree_reduce(x, n, id, f));
+      if constexpr (std::is_floating_point_v<T>) *acc = f(*acc, float_extreme<true>(x, n, id));
+      else *acc = f(*acc, tree_reduce(x, n, id, f));
       return;
     }
     case ReduceKind::kMin: {
       auto f = [](T a, T b) { return fmin_nan(b, a); };
       T id = std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max();
-      *acc = f(*acc, tree_reduce(x, n, id, f));
+      if constexpr (std::is_floating_point_v<T>) *acc = f(*acc, float_extreme<false>(x, n, id));
+      else *acc = f(*acc, tree_reduce(x, n, id, f));
       return;
     }
   }
@@ -609,6 +645,23 @@ TPU_CLONES void reduce_run(ReduceKind kind, Lane lane, const void* src, int64_t 
     case Lane::kI64: reduce_run_typed(kind, static_cast<const int64_t*>(src), n, static_cast<int64_t*>(acc)); return;
     case Lane::kPred: reduce_run_typed(kind, static_cast<const u8*>(src), n, static_cast<u8*>(acc)); return;
   }
+}
+
+TPU_CLONES void expand_rows(ElementType dtype, const void* src, int64_t src_stride, int64_t rows, int64_t row_len,
+                            void* dst) {
+  const int64_t es = ir::element_size(dtype);
+  const int64_t lb = lane_bytes(lane_of(dtype));
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  for (int64_t k = 0; k < rows; ++k) load(dtype, s + k * src_stride * es, 0, d + k * row_len * lb, row_len);
+}
+
+TPU_CLONES void reduce_rows(ReduceKind kind, Lane lane, const void* src, int64_t rows, int64_t row_len, void* acc,
+                            int64_t acc_stride) {
+  const int64_t lb = lane_bytes(lane);
+  const char* s = static_cast<const char*>(src);
+  char* a = static_cast<char*>(acc);
+  for (int64_t k = 0; k < rows; ++k) reduce_run(kind, lane, s + k * row_len * lb, row_len, a + k * acc_stride * lb);
 }
 
 TPU_CLONES void reduce_cols(ReduceKind kind, Lane lane, const void* src, void* acc, int64_t n) {

@@ -48,8 +48,17 @@ void power_const(Lane lane, double e, void* dst, const void* a, int64_t n);
 void load(ir::ElementType dtype, const void* src, int64_t stride, void* dst, int64_t n);
 void store(ir::ElementType dtype, void* dst, int64_t stride, const void* src, int64_t n);
 
+// Rows of a tile: dst[k * row_len + j] = src[k * src_stride] (one value of
+// `dtype` per row, broadcast along it) for k < rows, j < row_len.
+void expand_rows(ir::ElementType dtype, const void* src, int64_t src_stride, int64_t rows, int64_t row_len,
+                 void* dst);
+
 // *acc = combine(*acc, reduction of src[0..n)).
 void reduce_run(ir::ReduceKind kind, Lane lane, const void* src, int64_t n, void* acc);
+// Whole rows of a tile: acc[k * acc_stride] = combine(acc[k * acc_stride],
+// reduction of src[k * row_len .. (k + 1) * row_len)) for k < rows.
+void reduce_rows(ir::ReduceKind kind, Lane lane, const void* src, int64_t rows, int64_t row_len, void* acc,
+                 int64_t acc_stride);
 // acc[k] = combine(acc[k], src[k]).
 void reduce_cols(ir::ReduceKind kind, Lane lane, const void* src, void* acc, int64_t n);
 

@@ -436,6 +436,40 @@ TEST(ExecFusion, LongChainIsOneKernelAndCompilesInLinearTime) {
   EXPECT_TRUE(all_close(got[0], want[0], Tolerance{1e-4, 1e-5}));
 }
 
+// Row statistics broadcast back along rows (softmax's shape of computation)
+// over rows shorter than a tile (packed whole, reduced and expanded a row at
+// a time), rows of exactly a tile (per-row values are scalars) and rows
+// longer than a tile; with NaN and infinities in some rows, and the row
+// statistics read from a strided (transposed) view.
+TEST(ExecFusion, RowStatisticsBroadcastBackMatchReference) {
+  for (int64_t d : {1, 7, 128, 1000, 1024, 3000}) {
+    for (ElementType t : {ElementType::f32, ElementType::bf16, ElementType::f64}) {
+      const int64_t n = 37;
+      const ir::Shape s{n, d};
+      ir::Builder b;
+      ValueId x = b.parameter(t, s);
+      ValueId mx = b.reduce_max(x, {1});
+      ValueId mn = b.reduce(x, ReduceKind::kMin, {1});
+      ValueId shifted = b.subtract(x, b.broadcast_in_dim(mx, s, {0}));
+      ValueId e = b.exponential(shifted);
+      ValueId sum = b.reduce_sum(e, {1});
+      b.output(b.divide(e, b.broadcast_in_dim(sum, s, {0})));
+      b.output(b.multiply(x, b.broadcast_in_dim(mn, s, {0})));
+      b.output(mx);
+      b.output(mn);
+      std::mt19937 rng(static_cast<unsigned>(d));
+      std::vector<HostArray> in{random_array({t, s}, rng, -3, 3)};
+      ir::Literal l = in[0].literal();
+      l.f[3 * d] = NAN;                 // row 3
+      l.f[5 * d + d / 2] = INFINITY;    // row 5
+      l.f[6 * d] = -INFINITY;           // row 6
+      in[0] = HostArray::from_literal(l);
+      SCOPED_TRACE("d=" + std::to_string(d) + " " + ir::element_type_name(t));
+      expect_matches_reference(b.graph(), in, {}, 4.0);
+    }
+  }
+}
+
 TEST(ExecFusion, RunChecksItsArguments) {
   ir::Builder b;
   ValueId x = b.parameter(ElementType::f32, {4});
