@@ -31,12 +31,15 @@ struct Operand {
   bool is_imm() const { return reg < 0; }
 };
 
-enum class Code : uint8_t { kLoad, kFill, kUnary, kBinary, kCompare, kSelect, kConvert, kWrap, kPowConst, kStore, kReduce };
+enum class Code : uint8_t {
+  kLoad, kFill, kUnary, kBinary, kBinaryPair, kCompare, kSelect, kConvert, kWrap, kPowConst, kStore, kReduce
+};
 
 struct Instr {
   explicit Instr(Code what) : code(what) {}
   Code code;
   OpKind op = OpKind::kAdd;
+  OpKind op2 = OpKind::kAdd;    // kBinaryPair: dst = (a op b) op2 c
   ir::CompareDirection dir = ir::CompareDirection::EQ;
   Lane lane = Lane::kF32;       // of the result (compare: of the operands)
   Lane src_lane = Lane::kF32;   // convert
@@ -72,6 +75,7 @@ const char* code_name(Code c) {
     case Code::kFill: return "fill";
     case Code::kUnary: return "unary";
     case Code::kBinary: return "binary";
+    case Code::kBinaryPair: return "binary_pair";
     case Code::kCompare: return "compare";
     case Code::kSelect: return "select";
     case Code::kConvert: return "convert";
@@ -157,6 +161,7 @@ class ProgramBuilder {
       p_.reduces.push_back({r, op.attrs.reduce_kind, imm_of(op.attrs.init, op.type.dtype), s.lane, op.type.dtype});
       p_.instrs.push_back(s);
     }
+    pair_binary_ops();
     link_direct_stores();
     allocate_slots();
     if (tile_elements > 0) {
@@ -315,6 +320,52 @@ class ProgramBuilder {
   // A stored value computed by an arithmetic instruction can be written by it
   // straight into the output when the output is contiguous and holds the
   // lane type (decided per run); the store is then skipped.
+  // x = a op b; y = x op2 c, with x read nowhere else, is one pass over the
+  // tile (x stays in registers) instead of two: float add/sub/mul, the cheap
+  // ops whose passes cost more in L1 traffic than in arithmetic. Each op
+  // still rounds to float, so results are those of the two passes.
+  void pair_binary_ops() {
+    auto pairable = [](const Instr& in) {
+      return in.code == Code::kBinary && in.lane == Lane::kF32 &&
+             (in.op == OpKind::kAdd || in.op == OpKind::kSubtract || in.op == OpKind::kMultiply);
+    };
+    std::vector<int> readers(static_cast<size_t>(next_reg_), 0);
+    for (const Instr& in : p_.instrs) {
+      for (const Operand* o : {&in.a, &in.b, &in.c})
+        if (!o->is_imm()) ++readers[o->reg];
+      if (in.code == Code::kWrap) ++readers[in.dst];
+    }
+    std::vector<int32_t> def(static_cast<size_t>(next_reg_), -1);
+    std::vector<char> dead(p_.instrs.size(), 0);
+    for (size_t j = 0; j < p_.instrs.size(); ++j) {
+      Instr& in = p_.instrs[j];
+      if (pairable(in)) {
+        for (int side = 0; side < 2; ++side) {
+          const Operand& x = side == 0 ? in.a : in.b;
+          if (x.is_imm() || readers[x.reg] != 1 || def[x.reg] < 0) continue;
+          const Instr& first = p_.instrs[def[x.reg]];
+          if (!pairable(first)) continue;
+          if (side == 1 && in.op == OpKind::kSubtract) continue;  // c - x: not this form
+          const Operand c = side == 0 ? in.b : in.a;
+          dead[def[x.reg]] = 1;
+          in.code = Code::kBinaryPair;
+          in.op2 = in.op;
+          in.op = first.op;
+          in.a = first.a;
+          in.b = first.b;
+          in.c = c;
+          break;
+        }
+      }
+      if (in.dst >= 0 && in.code != Code::kStore && in.code != Code::kReduce && in.code != Code::kWrap)
+        def[in.dst] = static_cast<int32_t>(j);
+    }
+    size_t k = 0;
+    for (size_t j = 0; j < p_.instrs.size(); ++j)
+      if (!dead[j]) p_.instrs[k++] = p_.instrs[j];
+    p_.instrs.erase(p_.instrs.begin() + static_cast<std::ptrdiff_t>(k), p_.instrs.end());
+  }
+
   void link_direct_stores() {
     std::vector<int32_t> def(static_cast<size_t>(next_reg_), -1);
     for (size_t i = 0; i < p_.instrs.size(); ++i) {
@@ -323,7 +374,8 @@ class ProgramBuilder {
         int32_t d = def[in.a.reg];
         if (d < 0) continue;
         Instr& di = p_.instrs[d];
-        bool computes = di.code == Code::kUnary || di.code == Code::kBinary || di.code == Code::kCompare ||
+        bool computes = di.code == Code::kUnary || di.code == Code::kBinary || di.code == Code::kBinaryPair ||
+                        di.code == Code::kCompare ||
                         di.code == Code::kSelect || di.code == Code::kConvert || di.code == Code::kPowConst;
         if (computes && di.direct_store < 0) {
           di.direct_store = in.io;
@@ -679,6 +731,12 @@ void run_kernel(const KernelProgram& p, const std::vector<Buffer>& load_bufs, co
         case Code::kBinary:
           tile::binary(in.op, in.lane, slot(in.dst), ptr(in.a), imm(in.a), ptr(in.b), imm(in.b), n);
           break;
+        case Code::kBinaryPair:
+          tile::binary_pair(in.op, in.op2, static_cast<float*>(static_cast<void*>(slot(in.dst))),
+                            static_cast<const float*>(ptr(in.a)), static_cast<float>(imm(in.a).f),
+                            static_cast<const float*>(ptr(in.b)), static_cast<float>(imm(in.b).f),
+                            static_cast<const float*>(ptr(in.c)), static_cast<float>(imm(in.c).f), n);
+          break;
         case Code::kCompare:
           tile::compare(in.dir, in.lane, reinterpret_cast<uint8_t*>(slot(in.dst)), ptr(in.a), imm(in.a), ptr(in.b),
                         imm(in.b), n);
@@ -769,8 +827,10 @@ std::string CompiledRegion::describe() const {
     out << "program " << k << ": tile " << p.tile << ", " << p.num_slots << " slots\n";
     for (const Instr& in : p.instrs) {
       out << "  " << code_name(in.code);
-      if (in.code == Code::kUnary || in.code == Code::kBinary || in.code == Code::kCompare)
+      if (in.code == Code::kUnary || in.code == Code::kBinary || in.code == Code::kBinaryPair ||
+          in.code == Code::kCompare)
         out << " " << ir::op_name(in.op);
+      if (in.code == Code::kBinaryPair) out << " " << ir::op_name(in.op2);
       if (in.code == Code::kCompare) out << " " << ir::direction_name(in.dir);
       if (in.code == Code::kPowConst) out << " ^" << in.exponent;
       out << " " << lane_name(in.lane);
@@ -785,7 +845,9 @@ std::string CompiledRegion::describe() const {
           out << " s" << in.a.reg << ", " << operand_str(in.b, in.lane) << ", " << operand_str(in.c, in.lane);
         } else if (in.code != Code::kWrap) {
           out << " " << operand_str(in.a, ol);
-          if (in.code == Code::kBinary || in.code == Code::kCompare) out << ", " << operand_str(in.b, ol);
+          if (in.code == Code::kBinary || in.code == Code::kBinaryPair || in.code == Code::kCompare)
+            out << ", " << operand_str(in.b, ol);
+          if (in.code == Code::kBinaryPair) out << ", " << operand_str(in.c, ol);
         }
       }
       if (in.code == Code::kStore || in.code == Code::kReduce) out << " -> %" << in.value;

@@ -84,6 +84,12 @@ TPU_AI void map2(R* __restrict__ d, const T* __restrict__ a, T ia, const T* __re
   }
 }
 
+template <class T, class F>
+TPU_AI void pair_loop(T* __restrict__ d, const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c,
+                      int64_t n, F f) {
+  for (int64_t i = 0; i < n; ++i) d[i] = f(a[i], b[i], c[i]);
+}
+
 template <class T>
 TPU_AI T imm_as(Imm v) {
   if constexpr (std::is_floating_point_v<T>) return static_cast<T>(v.f);
@@ -481,6 +487,38 @@ TPU_CLONES void binary(OpKind op, Lane lane, void* dst, const void* a, Imm ia, c
       binary_pred(op, static_cast<u8*>(dst), static_cast<const u8*>(a), static_cast<u8>(ia.i != 0),
                   static_cast<const u8*>(b), static_cast<u8>(ib.i != 0), n);
       return;
+  }
+}
+
+TPU_CLONES void binary_pair(OpKind op1, OpKind op2, float* dst, const float* a, float ia, const float* b, float ib,
+                            const float* c, float ic, int64_t n) {
+  auto run = [&](auto f1, auto f2) {
+    if (!c) {
+      map2(dst, a, ia, b, ib, n, [&](float x, float y) { return f2(f1(x, y), ic); });
+    } else if (a && b) {
+      pair_loop(dst, a, b, c, n, [&](float x, float y, float z) { return f2(f1(x, y), z); });
+    } else if (a) {
+      map2(dst, a, 0.0f, c, 0.0f, n, [&](float x, float z) { return f2(f1(x, ib), z); });
+    } else if (b) {
+      map2(dst, b, 0.0f, c, 0.0f, n, [&](float y, float z) { return f2(f1(ia, y), z); });
+    } else {
+      const float x = f1(ia, ib);
+      map1(dst, c, n, [&](float z) { return f2(x, z); });
+    }
+  };
+  auto with_second = [&](auto f1) {
+    switch (op2) {
+      case OpKind::kAdd: return run(f1, [](float x, float y) { return x + y; });
+      case OpKind::kSubtract: return run(f1, [](float x, float y) { return x - y; });
+      case OpKind::kMultiply: return run(f1, [](float x, float y) { return x * y; });
+      default: unsupported("binary_pair", op2, Lane::kF32);
+    }
+  };
+  switch (op1) {
+    case OpKind::kAdd: return with_second([](float x, float y) { return x + y; });
+    case OpKind::kSubtract: return with_second([](float x, float y) { return x - y; });
+    case OpKind::kMultiply: return with_second([](float x, float y) { return x * y; });
+    default: unsupported("binary_pair", op1, Lane::kF32);
   }
 }
 

@@ -30,6 +30,10 @@ void fill(Lane lane, Imm v, void* dst, int64_t n);
 // wrapped to a narrow type (see wrap).
 void unary(ir::OpKind op, Lane lane, void* dst, const void* a, int64_t n);
 void binary(ir::OpKind op, Lane lane, void* dst, const void* a, Imm ia, const void* b, Imm ib, int64_t n);
+// dst = (a op1 b) op2 c over float lanes, op1 and op2 each add, subtract or
+// multiply; the inner result is rounded to float as a pass of its own would.
+void binary_pair(ir::OpKind op1, ir::OpKind op2, float* dst, const float* a, float ia, const float* b, float ib,
+                 const float* c, float ic, int64_t n);
 void compare(ir::CompareDirection dir, Lane lane, uint8_t* dst, const void* a, Imm ia, const void* b, Imm ib,
              int64_t n);
 void select(Lane lane, void* dst, const uint8_t* pred, const void* a, Imm ia, const void* b, Imm ib, int64_t n);

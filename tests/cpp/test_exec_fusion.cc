@@ -470,6 +470,56 @@ TEST(ExecFusion, RowStatisticsBroadcastBackMatchReference) {
   }
 }
 
+// (a op1 b) op2 c runs as one binary_pair pass for every pair of add,
+// subtract, multiply and every mix of array and scalar operands; a result
+// that is read twice, or subtracted from, stays two passes. Same values as
+// the reference (each op rounds to float).
+TEST(ExecFusion, BinaryPairsMatchReference) {
+  const OpKind kinds[] = {OpKind::kAdd, OpKind::kSubtract, OpKind::kMultiply};
+  const int64_t n = 1000;
+  for (OpKind k1 : kinds) {
+    for (OpKind k2 : kinds) {
+      for (int arrays = 0; arrays < 8; ++arrays) {
+        if ((arrays & 3) == 0) continue;  // a op1 b on two scalars folds to a constant
+        ir::Builder b;
+        std::vector<HostArray> in;
+        std::mt19937 rng(static_cast<unsigned>(arrays * 9 + static_cast<int>(k1) * 3 + static_cast<int>(k2)));
+        auto operand = [&](int bit, double v) {
+          if (arrays & (1 << bit)) {
+            in.push_back(random_array({ElementType::f32, {n}}, rng, -2, 2));
+            return b.parameter(ElementType::f32, {n});
+          }
+          return splat(b, v, {n}, ElementType::f32);
+        };
+        ValueId x = operand(0, 0.75), y = operand(1, -1.5), z = operand(2, 3.0);
+        b.output(b.binary(k2, b.binary(k1, x, y), z));
+        SCOPED_TRACE(std::string(ir::op_name(k1)) + "/" + ir::op_name(k2) + " arrays " + std::to_string(arrays));
+        expect_matches_reference(b.graph(), in, {}, 1.0);
+        EXPECT_NE(exec::compile(b.graph()).describe().find("binary_pair"), std::string::npos);
+      }
+    }
+  }
+  {  // read twice: not paired
+    ir::Builder b;
+    ValueId x = b.parameter(ElementType::f32, {n}), y = b.parameter(ElementType::f32, {n});
+    ValueId s = b.add(x, y);
+    b.output(b.multiply(s, y));
+    b.output(s);
+    std::mt19937 rng(1);
+    std::vector<HostArray> in{random_array({ElementType::f32, {n}}, rng), random_array({ElementType::f32, {n}}, rng)};
+    expect_matches_reference(b.graph(), in);
+    EXPECT_EQ(exec::compile(b.graph()).describe().find("binary_pair"), std::string::npos);
+  }
+  {  // c - (a * b): the inner result on the right of a subtraction
+    ir::Builder b;
+    ValueId x = b.parameter(ElementType::f32, {n}), y = b.parameter(ElementType::f32, {n});
+    b.output(b.subtract(y, b.multiply(x, y)));
+    std::mt19937 rng(2);
+    std::vector<HostArray> in{random_array({ElementType::f32, {n}}, rng), random_array({ElementType::f32, {n}}, rng)};
+    expect_matches_reference(b.graph(), in);
+  }
+}
+
 TEST(ExecFusion, RunChecksItsArguments) {
   ir::Builder b;
   ValueId x = b.parameter(ElementType::f32, {4});
