@@ -19,9 +19,10 @@ variants, and in the defer_and_fuse ones also its float32 gradient cases
 
 Same skips (``opinfo_skips.SKIPS``), plus the variant-specific ones in
 ``opinfo_skips.MODE_SKIPS``, and the same comparison against CPU
-(``opinfo_harness.run_case``). The mode is entered with the thread-local
-``torch_tpu.eager_mode`` around the whole case: the tpu side runs in it; the
-CPU oracle is unaffected (the modes live in the PrivateUse1 kernels only;
+(``opinfo_harness.run_case``). The mode is set around the whole case, globally
+(``torch_tpu.set_eager_mode``: backward ops run on the autograd engine's tpu
+thread, which a thread-local block does not reach) and with the thread-local
+``torch_tpu.eager_mode``: the tpu side runs in it; the CPU oracle is unaffected (the modes live in the PrivateUse1 kernels only;
 test_cpu_oracle_ignores_the_mode checks it). Leaving a ``defer_and_fuse`` block
 flushes what it recorded, and run_case's synchronize and host reads flush
 inside the block.
@@ -66,14 +67,18 @@ def test_opinfo_mode(mode, name, dtype, kind, max_samples):
     if reason:
         pytest.skip(reason)
     eager, single_op_aten, _ = VARIANTS[mode]
-    previous = torch_tpu._C._defer_single_op_aten()
+    previous = torch_tpu._C._defer_single_op_aten(), torch_tpu._C._get_eager_mode()
     torch_tpu._C._defer_set_single_op_aten(single_op_aten)
+    # The global mode too: backward ops run on the autograd engine's tpu thread, which
+    # does not see this thread's eager_mode block.
+    torch_tpu.set_eager_mode(eager)
     try:
         with torch_tpu.eager_mode(eager):
             assert torch_tpu.get_eager_mode() == eager
             r = H.run_case(name, dtype, kind, max_samples or None)
     finally:
-        torch_tpu._C._defer_set_single_op_aten(previous)
+        torch_tpu.set_eager_mode(previous[1])
+        torch_tpu._C._defer_set_single_op_aten(previous[0])
     if r.status == "n/a":
         pytest.skip(r.detail)
     assert r.status == "passed", f"[{mode}] {name} {dtype} {kind}: {r.detail}"
