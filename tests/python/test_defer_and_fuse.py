@@ -664,3 +664,19 @@ def test_error_in_a_region_names_the_op_and_source_line(run_python):
     assert out["error"] is not None
     assert "aten::mul.Tensor at <string>:6" in out["error"], out["error"]
     assert out["ok"]  # the region stayed pending; once memory was freed it ran
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "csrc/exec bug (not defer_and_fuse's lowering): a kernel that reduces, reshapes the result "
+    "dropping size-1 dims, and broadcasts it back over the input (IR: reduce [1,4]->[1], reshape "
+    "->[], broadcast_in_dim ->[1,1] ->[1,4], subtract) reads the reduction as 0; amax/amin/"
+    "group_norm backward on OpInfo's later samples give inf/nan"))
+@pytest.mark.parametrize("shape", [(1, 4), (3, 1, 2), (3, 2, 1, 2)])
+def test_reduction_viewed_with_size1_dims_broadcast_back(shape):
+    """amax backward's pattern: x.amax(-1).view(keepdim shape) compared with / subtracted from x."""
+    x = torch.randn(*shape)
+    keep = shape[:-1] + (1,)
+    with torch_tpu.eager_mode("defer_and_fuse"):
+        xt = x.to("tpu")
+        got = (xt.sum([-1]).view(keep) - xt).cpu()
+    torch.testing.assert_close(got, x.sum([-1]).view(keep) - x)
