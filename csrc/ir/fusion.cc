@@ -171,11 +171,14 @@ class Planner {
     return c;
   }
 
-  // The kernel whose memory a realized value lives in (following views), or -1.
-  int source_kernel(ValueId v) const {
+  // The value whose memory `v` views (itself unless a reshape).
+  ValueId view_base(ValueId v) const {
     while (g_.op(v).kind == OpKind::kReshape) v = g_.op(v).operands[0];
-    return kernel_of_[v];
+    return v;
   }
+
+  // The kernel whose memory a realized value lives in (following views), or -1.
+  int source_kernel(ValueId v) const { return kernel_of_[view_base(v)]; }
 
   bool depends_on(int from, int target, std::vector<char>& seen) const {
     if (from == target) return true;
@@ -197,6 +200,11 @@ class Planner {
     std::set<ValueId> k_roots(K.roots.begin(), K.roots.end());
     for (const auto& [x, map] : c.read_maps) {
       if (std::find(K.reduces.begin(), K.reduces.end(), x) != K.reduces.end()) return false;
+      // A view (reshape) of a value k computes is read from k's memory, which
+      // k writes while it runs (a reduction only at its end): another kernel.
+      if (x != view_base(x) && (k_roots.count(view_base(x)) ||
+                                std::find(K.reduces.begin(), K.reduces.end(), view_base(x)) != K.reduces.end()))
+        return false;
       if (k_roots.count(x)) {
         if (map != id) return false;
         benefit = true;

@@ -243,6 +243,24 @@ TEST(IrFusion, ReshapeIsAViewOfAWrittenValue) {
   EXPECT_EQ(plan.views, Ids{r});
 }
 
+TEST(IrFusion, ReshapedReductionIsReadByALaterKernel) {
+  // amax backward: sum over the last dim, reshaped to the keepdim shape and
+  // broadcast back over its input. The consumer has the reduction's
+  // iteration space but reads the reduction's memory (through the reshape),
+  // which the reducing kernel writes only at its end: a kernel of its own.
+  Builder b;
+  ValueId x = b.parameter(ElementType::f32, {3, 1, 2});
+  ValueId s = b.reduce_sum(x, {2});
+  ValueId r = b.reshape(s, {3, 1, 1});
+  ValueId y = b.subtract(b.broadcast_in_dim(r, {3, 1, 2}, {0, 1, 2}), x);
+  b.output(y);
+  Graph graph = b.build();
+  FusionPlan plan = plan_fusion(graph);
+  ASSERT_EQ(plan.kernels.size(), 2u) << plan.to_string(graph);
+  EXPECT_EQ(plan.kernels[0].writes, Ids{s});
+  EXPECT_TRUE(has(plan.kernels[1].reads, r)) << plan.to_string(graph);
+}
+
 TEST(IrFusion, MergingNeverCreatesACycle) {
   // A = exp(x); B = transpose(A) + 1 (reads A through a permuting broadcast,
   // so not in A's kernel); C = B * x shares x with A's kernel but needs B:

@@ -666,14 +666,11 @@ def test_error_in_a_region_names_the_op_and_source_line(run_python):
     assert out["ok"]  # the region stayed pending; once memory was freed it ran
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "csrc/exec bug (not defer_and_fuse's lowering): a kernel that reduces, reshapes the result "
-    "dropping size-1 dims, and broadcasts it back over the input (IR: reduce [1,4]->[1], reshape "
-    "->[], broadcast_in_dim ->[1,1] ->[1,4], subtract) reads the reduction as 0; amax/amin/"
-    "group_norm backward on OpInfo's later samples give inf/nan"))
 @pytest.mark.parametrize("shape", [(1, 4), (3, 1, 2), (3, 2, 1, 2)])
 def test_reduction_viewed_with_size1_dims_broadcast_back(shape):
-    """amax backward's pattern: x.amax(-1).view(keepdim shape) compared with / subtracted from x."""
+    """amax backward's pattern: x.amax(-1).view(keepdim shape) compared with / subtracted from x.
+    The fusion planner put the consumer of the reshaped reduction in the reducing kernel itself,
+    which read the result's memory before the reduction wrote it (0)."""
     x = torch.randn(*shape)
     keep = shape[:-1] + (1,)
     with torch_tpu.eager_mode("defer_and_fuse"):
