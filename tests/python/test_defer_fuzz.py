@@ -155,8 +155,35 @@ def check(code, shape, dtype, view="contig", seed=0, specials=False, tol=None, e
     assert out.dtype == ref.dtype and out.shape == ref.shape, (out.dtype, out.shape, ref.dtype, ref.shape)
     # float32 / bfloat16 inputs: their tolerance even where the result is promoted (to float64)
     t = tol or _tol(dtype if dtype in (torch.float32, torch.bfloat16) and ref.is_floating_point() else ref.dtype, ref)
-    torch.testing.assert_close(out, ref, equal_nan=True, **t,
-                               msg=lambda m: f"{code!r} shape={shape} dtype={dtype} view={view}: {m}")
+    try:
+        torch.testing.assert_close(out, ref, equal_nan=True, **t,
+                                   msg=lambda m: f"{code!r} shape={shape} dtype={dtype} view={view}: {m}")
+    except AssertionError:
+        if not _within_cpu_rounding(code, env, named, out, ref, t):
+            raise
+
+
+def _within_cpu_rounding(code, env, named, out, ref, t):
+    """Whether out is as close to ref as ref is to the float64 result (4x, plus the tolerance and a tenth of
+    it relative to the result's largest magnitude): where a reduction's order or a transcendental's ulp gets
+    amplified (sums that cancel, x - mean(x) over constant rows), the CPU's own error is the measure.
+    Structural errors (a wrong row, a lost NaN, a misplaced broadcast) are orders of magnitude off."""
+    if tol_free := not (ref.is_floating_point() and ref.dtype != torch.float64):
+        return not tol_free
+    try:
+        vars64 = {k: f(b.double() if b.is_floating_point() else b) for k, (b, f) in named.items()}
+        exec(code, env, vars64)
+        ref64 = vars64["r"].double()
+    except Exception:  # noqa: BLE001
+        return False
+    if ref64.shape != ref.shape:
+        return False
+    o, r = out.double(), ref.double()
+    same = (o == r) | (o.isnan() & r.isnan())
+    finite = ref64[torch.isfinite(ref64)]
+    scale = finite.abs().max().item() if finite.numel() else 0.0   # r = e * sum(e) + sum(p): terms that cancel
+    allowed = t["atol"] + t["rtol"] * r.abs() + 4 * (r - ref64).abs() + t["rtol"] * 0.1 * scale
+    return bool((same | ((o - r).abs() <= allowed)).all())
 
 
 # --------------------------------------------------------------------------
@@ -449,3 +476,77 @@ def test_inplace_on_views_of_pending_results():
 def test_mixed_dtype_promotion(code, dtype):
     for shape in ((), (3, 129), (2, 1025)):
         check(code, shape, dtype, seed=13)
+
+
+@pytest.mark.parametrize("length", [1, 7, 129, 1025, 4097])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_backward_of_row_ops(length, dtype):
+    """softmax / log_softmax / activation backward ops fuse too (autograd's thread: the global mode)."""
+    gen = torch.Generator().manual_seed(length)
+    x0 = torch.randn(max(2, 3000 // length), length, generator=gen, dtype=dtype)
+    w = torch.randn(length, generator=gen, dtype=dtype)
+
+    def f(x, w):
+        h = x * w + 0.5
+        m = h.mean(-1, keepdim=True)
+        return (torch.softmax(h, -1) * w + torch.log_softmax(h - m, -1) * 0.25 + F.gelu(h) * torch.sigmoid(x)).sum()
+
+    xc = x0.clone().requires_grad_()
+    f(xc, w).backward()
+    xt = x0.to("tpu").requires_grad_()
+    torch_tpu.set_eager_mode("defer_and_fuse")
+    try:
+        f(xt, w.to("tpu")).backward()
+        grad = xt.grad.cpu()
+    finally:
+        torch_tpu.set_eager_mode("strict")
+    torch.testing.assert_close(grad, xc.grad, **_tol(dtype, xc.grad))
+
+
+@pytest.mark.parametrize("shape", [(7,), (33, 129), (3, 4097)])
+def test_dropout_chain_matches_cpu(shape):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(123)
+    ref = F.dropout(x * 2 - 1, 0.3, training=True) * 3 + x
+    torch.tpu.manual_seed(123)
+    with torch_tpu.eager_mode("defer_and_fuse"):
+        xt = x.to("tpu")
+        out = (F.dropout(xt * 2 - 1, 0.3, training=True) * 3 + xt).cpu()
+    torch.testing.assert_close(out, ref)
+
+
+def _gen_broadcast_cases(n, seed=4321):
+    """Operands broadcast along random subsets of dimensions, reduced over random subsets and broadcast back:
+    the load / reduction nests (collapsed dims, stride-0 runs, whole rows) in many arrangements."""
+    rng = random.Random(seed)
+    dims_pool = [1, 2, 3, 5, 7, 64, 129, 1024, 1025]
+    cases = []
+    for k in range(n):
+        nd = rng.randint(1, 4)
+        while True:
+            shape = tuple(rng.choice(dims_pool) for _ in range(nd))
+            if math.prod(shape) <= 40000:
+                break
+        dtype = rng.choice([torch.float32, torch.float32, torch.float64, torch.int64, torch.bfloat16])
+        b1 = tuple(1 if rng.random() < 0.5 else s for s in shape)
+        b2 = tuple(1 if rng.random() < 0.5 else s for s in shape)
+        red = sorted(rng.sample(range(nd), rng.randint(1, nd)))
+        red_s = "(" + ", ".join(map(str, red)) + ",)"
+        kind = rng.choice(["sum", "amax", "amin"] + (["mean"] if dtype != torch.int64 else []))
+        e = rng.choice(["x * p + q", "x - p * q", "torch.maximum(x, p) - q", "torch.where(x > p, q, x)", "(x + p) * (q - 2)"])
+        code = rng.choice([
+            f"e = {e}\nr = e - e.{kind}(dim={red_s}, keepdim=True) * q",
+            f"e = {e}\nr = e.{kind}(dim={red_s})",
+            f"e = {e}\nr = e * e.{kind}(dim={red_s}, keepdim=True) + p.{kind}(dim={red_s}, keepdim=True)",
+        ])
+        cases.append(pytest.param(code, shape, dtype, b1, b2, k,
+                                  id=f"bc{k:03d}-{str(dtype)[6:]}-{'x'.join(map(str, shape))}"
+                                     f"-p{'x'.join(map(str, b1))}-q{'x'.join(map(str, b2))}-{code}"))
+    return cases
+
+
+@pytest.mark.parametrize("code,shape,dtype,pshape,qshape,seed", _gen_broadcast_cases(400))
+def test_random_broadcast_reduce(code, shape, dtype, pshape, qshape, seed):
+    gen = torch.Generator().manual_seed(seed)
+    check(code, shape, dtype, seed=seed,
+          extra={"p": _make(pshape, dtype, gen), "q": _make(qshape, dtype, gen)})
