@@ -10,7 +10,16 @@ huge-page HBM segments) get targeted cases at the end of the file.
 Tolerances: float32 and float64 sums add in another order and
 transcendentals are the executor's polynomials; bfloat16 chains are exact for
 arithmetic but a transcendental or a reduction one ulp off propagates through
-later ops (scaled by the result's magnitude here).
+later ops (scaled by the result's magnitude here). A float result outside
+assert_close's bounds still passes when it is as close to the CPU's as the
+CPU's is to the float64 result (see _within_cpu_rounding): cancellation
+(x - mean(x) over constant rows, e * sum(e) + sum(p)) amplifies rounding on
+both sides alike, while structural errors are orders of magnitude off.
+
+Not compared: the sign of a zero chosen by max/min between +0.0 and -0.0
+(assert_close treats them as equal; ATen's CPU kernels themselves differ
+between their vectorized body and scalar tail), and gelu(+inf) (ATen's
+vectorized CPU gelu gives NaN, its scalar path and the executor +inf).
 """
 
 import math
@@ -168,8 +177,8 @@ def _within_cpu_rounding(code, env, named, out, ref, t):
     it relative to the result's largest magnitude): where a reduction's order or a transcendental's ulp gets
     amplified (sums that cancel, x - mean(x) over constant rows), the CPU's own error is the measure.
     Structural errors (a wrong row, a lost NaN, a misplaced broadcast) are orders of magnitude off."""
-    if tol_free := not (ref.is_floating_point() and ref.dtype != torch.float64):
-        return not tol_free
+    if not ref.is_floating_point() or ref.dtype == torch.float64:
+        return False
     try:
         vars64 = {k: f(b.double() if b.is_floating_point() else b) for k, (b, f) in named.items()}
         exec(code, env, vars64)
@@ -233,7 +242,7 @@ def _int_elem(rng, depth):
 
 def _bool_elem(rng, depth):
     if depth == 0 or rng.random() < 0.25:
-        return rng.choice(["x", "y", "z", "m", "(f > 0)", "(i <= 1)", "(w > 0.5)" if False else "w"])
+        return rng.choice(["x", "y", "z", "m", "(f > 0)", "(i <= 1)", "w"])
     a = _bool_elem(rng, depth - 1)
     b = _bool_elem(rng, depth - 1)
     return rng.choice([f"({a} & {b})", f"({a} | {b})", f"(~{a})", f"({a} == {b})", f"({a} != {b})"])
@@ -276,7 +285,7 @@ POSTS = [
     "r[..., :1].mul_(2)",
     "r.mul_(3).sub_(1)",
     "r.transpose(0, -1).add_(2)",
-    "r[0].fill_(5)" if False else "r[:1].mul_(-1)",
+    "r[:1].mul_(-1)",
 ]
 
 
@@ -399,7 +408,7 @@ def test_uniform_loads(dtype, shape):
     t0 = _make((), dtype, torch.Generator().manual_seed(3))
     col = tuple(shape[:-1]) + (1,) if shape else ()
     if dtype == torch.bool:
-        codes = ["r = x & t", "r = torch.where(c, t, x) | y", "r = (c & x) ^ t" if False else "r = (c & x) | ~t",
+        codes = ["r = x & t", "r = torch.where(c, t, x) | y", "r = (c & x) | ~t",
                  "r = torch.where(c.expand_as(x), f, 1.5)", "r = (c | x).sum(-1)"]
     else:
         codes = ["r = x + t", "r = t - x * c", "r = c.expand_as(x) * 2 + t", "r = torch.where(x > c, c, x * t)",
@@ -440,7 +449,7 @@ def test_large_tensors_huge_page_segments(dtype):
     """HBM segments >= 8 MiB get MADV_HUGEPAGE: results in such segments, written and read back, reused after free."""
     shape = (1536, 2048)  # 12 MiB of float32
     for code in ["r = x * 2 - y", "r = (x - x.mean(-1, keepdim=True) if x.is_floating_point() else x) * w + c",
-                 "r = x.sum(-1) + y.amax(0)[:1536]" if False else "r = x.sum(-1) + y.amax(-1)"]:
+                 "r = x.sum(-1) + y.amax(-1)"]:
         check(code, shape, dtype, seed=7)
     with torch_tpu.eager_mode("defer_and_fuse"):
         a = torch.ones(3 << 20, device="tpu")
