@@ -325,6 +325,9 @@ TPU_AI void store_loop(const S* __restrict__ s, int64_t stride, T* __restrict__ 
 
 // W independent accumulators: with 64, four AVX-512 vectors of floats rather
 // than one latency-bound chain; short runs take 16, whose final combine is cheaper.
+// The tail (n % W values) goes into the accumulators too, before the pairwise
+// combine: added one by one to the whole run's sum instead, up to W - 1
+// roundings at its magnitude (a float sum of 1000 values was ~16 ulp off).
 template <int W, class T, class F>
 TPU_AI T tree_reduce_w(const T* __restrict__ x, int64_t n, T id, F f) {
   T acc[W];
@@ -332,11 +335,10 @@ TPU_AI T tree_reduce_w(const T* __restrict__ x, int64_t n, T id, F f) {
   int64_t i = 0;
   for (; i + W <= n; i += W)
     for (int j = 0; j < W; ++j) acc[j] = f(acc[j], x[i + j]);
+  for (int j = 0; i + j < n; ++j) acc[j] = f(acc[j], x[i + j]);
   for (int w = W / 2; w >= 1; w /= 2)
     for (int j = 0; j < w; ++j) acc[j] = f(acc[j], acc[j + w]);
-  T s = acc[0];
-  for (; i < n; ++i) s = f(s, x[i]);
-  return s;
+  return acc[0];
 }
 
 template <class T, class F>

@@ -250,6 +250,29 @@ TEST(ExecReduce, EmptyReductionGivesInit) {
   EXPECT_EQ(got[1].f[0], -INFINITY);
 }
 
+// A run's tail (n % 64 values) is summed into the partial accumulators, not
+// added one by one to the whole run's sum: a row of 1000 equal floats
+// (960 + 40) was 17 ulp off with the tail added serially, 1023 of them 27.
+TEST(ExecReduce, RunTailIsSummedPairwise) {
+  for (int64_t len : {1000, 1023, 100, 511}) {
+    ir::Builder b;
+    ValueId x = b.parameter(ElementType::f32, {9, len});
+    b.output(b.reduce_sum(x, {1}));
+    ir::Literal l = ir::Literal::zeros({ElementType::f32, {9, len}});
+    const float v[9] = {1.2345678f, -0.7777777f, 1.9999999f, 0.3333333f, -1.4142135f,
+                        1.1f, 0.9876543f, -1.7320508f, 1.6180339f};
+    for (int64_t r = 0; r < 9; ++r)
+      for (int64_t k = 0; k < len; ++k) l.f[r * len + k] = v[r];
+    std::vector<HostArray> in{HostArray::from_literal(l)};
+    std::vector<ir::Literal> got = run_region(exec::compile(b.graph()), in);
+    for (int64_t r = 0; r < 9; ++r) {
+      const double exact = static_cast<double>(v[r]) * static_cast<double>(len);
+      const double ulp = std::nextafter(static_cast<float>(std::fabs(exact)), INFINITY) - std::fabs(static_cast<float>(exact));
+      EXPECT_LE(std::fabs(got[0].f[r] - exact), 8 * ulp) << "len " << len << " row " << r;  // was up to 27
+    }
+  }
+}
+
 TEST(ExecReduce, NanPropagatesThroughMaxAndSum) {
   ir::Builder b;
   ValueId x = b.parameter(ElementType::f32, {4, 100});
