@@ -929,6 +929,9 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
     fn(L);
     lowered = L.results.size() == outs.size();
   } catch (const NotFusible&) {
+  } catch (const c10::Error&) {
+    // An argument error (a dim out of range, ...): the op runs strictly,
+    // which reports it as strict mode does; no warning on top.
   } catch (const std::exception& e) {
     TORCH_WARN_ONCE("defer_and_fuse: could not record ", info.label, " (it runs strictly): ", e.what());
   }

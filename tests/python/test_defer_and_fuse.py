@@ -677,3 +677,19 @@ def test_reduction_viewed_with_size1_dims_broadcast_back(shape):
         xt = x.to("tpu")
         got = (xt.sum([-1]).view(keep) - xt).cpu()
     torch.testing.assert_close(got, x.sum([-1]).view(keep) - x)
+
+
+def test_argument_error_in_a_lowering_is_reported_as_strict_mode_does(recwarn):
+    """softmax over a dim a 1-D tensor lacks: the same error as strict mode, and no
+    'could not record' warning from defer_and_fuse on top."""
+    x = torch.randn(5, device="tpu")
+    errors = {}
+    for mode in ("strict", "defer_and_fuse"):
+        with torch_tpu.eager_mode(mode):
+            with pytest.raises((IndexError, RuntimeError)) as e:
+                torch.softmax(x * 2, 1)
+                torch.tpu.synchronize()
+            errors[mode] = str(e.value)
+    assert "Dimension out of range" in errors["strict"]
+    assert "Dimension out of range" in errors["defer_and_fuse"]
+    assert not [w for w in recwarn if "could not record" in str(w.message)]
