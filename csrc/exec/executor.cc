@@ -317,9 +317,6 @@ class ProgramBuilder {
     in.dst = reg;
   }
 
-  // A stored value computed by an arithmetic instruction can be written by it
-  // straight into the output when the output is contiguous and holds the
-  // lane type (decided per run); the store is then skipped.
   // x = a op b; y = x op2 c, with x read nowhere else, is one pass over the
   // tile (x stays in registers) instead of two: float add/sub/mul, the cheap
   // ops whose passes cost more in L1 traffic than in arithmetic. Each op
@@ -366,6 +363,9 @@ class ProgramBuilder {
     p_.instrs.erase(p_.instrs.begin() + static_cast<std::ptrdiff_t>(k), p_.instrs.end());
   }
 
+  // A stored value computed by an arithmetic instruction can be written by it
+  // straight into the output when the output is contiguous and holds the
+  // lane type (decided per run); the store is then skipped.
   void link_direct_stores() {
     std::vector<int32_t> def(static_cast<size_t>(next_reg_), -1);
     for (size_t i = 0; i < p_.instrs.size(); ++i) {
