@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sys/mman.h>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -342,6 +343,25 @@ void run_region(RunState& s) {
   }
 }
 
+// The profiler's name for a region's device event: "defer_and_fuse
+// region_<structural hash>", the hash TORCH_TPU_DUMP_IR's file names carry.
+// Names live as long as the process (the stream keeps a const char*); past
+// kMaxNames distinct structures (shapes changing every step) regions share
+// one generic name.
+const char* region_event_name(const ir::Graph& recorded) {
+  constexpr size_t kMaxNames = 4096;
+  static std::mutex mu;
+  static std::unordered_map<uint64_t, std::unique_ptr<std::string>> names;
+  const uint64_t h = ir::structural_hash(recorded);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = names.find(h);
+  if (it != names.end()) return it->second->c_str();
+  if (names.size() >= kMaxNames) return "defer_and_fuse region";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "defer_and_fuse region_%016llx", static_cast<unsigned long long>(h));
+  return names.emplace(h, std::make_unique<std::string>(buf)).first->second->c_str();
+}
+
 void dump_region(const ir::Graph& recorded, const Launch& l, const ErrorContext& ctx) {
   const exec::CompiledRegion& c = *l.region;
   static std::mutex mu;
@@ -535,7 +555,7 @@ void flush_locked(ChipState& cs, Reason why) {
     } else {
       record_region_costs(r->device, launch);
       if (!dump_dir().empty()) dump_region(ctx->graph, launch, *ctx);
-      stream.enqueue_named("defer_and_fuse region", [run] { run_region(*run); });
+      stream.enqueue_named(region_event_name(ctx->graph), [run] { run_region(*run); });
     }
   } else if (r->rng_params) {
     // Nothing it computes is used, but strict mode would have drawn its

@@ -646,6 +646,28 @@ def test_env_var_selects_mode_and_dump_ir_writes_stablehlo(run_python, tmp_path)
     assert "aten::tanh at <string>:4" in text
 
 
+def test_profiler_names_each_region_by_the_hash_of_its_dumped_ir(run_python, tmp_path):
+    """A region's device event in torch.profiler is `defer_and_fuse region_<hash>`, the hash in the
+    name of the StableHLO file TORCH_TPU_DUMP_IR wrote for it; two structures, two names."""
+    r = run_python(f"""
+        import json, os, torch, torch_tpu
+        from torch.profiler import profile, ProfilerActivity
+        x = torch.randn(1000).tpu()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as p:
+            for _ in range(2):
+                y = torch.tanh(x * 2 + 1); torch.tpu.synchronize()
+                z = (x - 3).relu().sum(); torch.tpu.synchronize()
+        names = sorted(e.key for e in p.key_averages() if "defer_and_fuse" in e.key)
+        counts = [e.count for e in p.key_averages() if "defer_and_fuse" in e.key]
+        print(json.dumps({{"names": names, "counts": counts, "files": sorted(os.listdir({str(tmp_path)!r}))}}))
+    """, env={"TORCH_TPU_DEFER_AND_FUSE": "1", "TORCH_TPU_DUMP_IR": str(tmp_path)})
+    out = r.json()
+    assert len(out["names"]) == 2 and out["counts"] == [2, 2], out
+    hashes = {n.rsplit("_", 1)[1] for n in out["names"]}
+    assert all(n.startswith("tpu::defer_and_fuse region_") for n in out["names"]), out
+    assert hashes == {f.rsplit("_", 1)[1].removesuffix(".mlir") for f in out["files"]}, out
+
+
 def test_error_in_a_region_names_the_op_and_source_line(run_python):
     r = run_python("""
         import json, torch, torch_tpu
