@@ -506,17 +506,25 @@ void for_each_run(const Nest& nest, int64_t start, int64_t n, F f) {
   }
 }
 
+// Element offset of flat index `flat` over the first `dims` dimensions of
+// `nest`; *last_pos receives its position along dimension dims - 1.
+int64_t nest_offset(const Nest& nest, size_t dims, int64_t flat, int64_t* last_pos) {
+  int64_t off = 0;
+  for (size_t d = dims; d-- > 0;) {
+    const int64_t pos = flat % nest.size[d];
+    flat /= nest.size[d];
+    off += pos * nest.stride[d];
+    if (d == dims - 1) *last_pos = pos;
+  }
+  return off;
+}
+
 // Whether the flat range [start, start + n) lies in one run of the innermost
 // dimension; then its first element is at *offset and the run's stride is *stride.
 bool single_run(const Nest& nest, int64_t start, int64_t n, int64_t* offset, int64_t* stride) {
   const size_t r = nest.size.size();
-  int64_t rem = start, off = 0, inner_pos = 0;
-  for (size_t d = r; d-- > 0;) {
-    const int64_t pos = rem % nest.size[d];
-    rem /= nest.size[d];
-    off += pos * nest.stride[d];
-    if (d == r - 1) inner_pos = pos;
-  }
+  int64_t inner_pos = 0;
+  const int64_t off = nest_offset(nest, r, start, &inner_pos);
   if (inner_pos + n > nest.size[r - 1]) return false;
   *offset = off;
   *stride = nest.stride[r - 1];
@@ -531,13 +539,8 @@ bool whole_rows(const Nest& nest, int64_t start, int64_t n, int64_t* offset, int
   const size_t r = nest.size.size();
   const int64_t len = nest.size[r - 1];
   if (r < 2 || start % len != 0 || n % len != 0) return false;
-  int64_t rem = start / len, off = 0, row_pos = 0;
-  for (size_t d = r - 1; d-- > 0;) {
-    const int64_t pos = rem % nest.size[d];
-    rem /= nest.size[d];
-    off += pos * nest.stride[d];
-    if (d == r - 2) row_pos = pos;
-  }
+  int64_t row_pos = 0;
+  const int64_t off = nest_offset(nest, r - 1, start / len, &row_pos);
   if (row_pos + n / len > nest.size[r - 2]) return false;
   *offset = off;
   *row_len = len;
