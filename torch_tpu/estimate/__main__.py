@@ -21,6 +21,8 @@ import os
 import sys
 from typing import List, Optional
 
+from .._units import format_bytes
+
 _MARK = "TORCH_TPU_ESTIMATE_CHILD"
 
 
@@ -83,14 +85,6 @@ def _sizes(args, chips: int):
     return Parallelism(dp=dp, fsdp=fsdp, tp=tp, slices=args.slices)
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
 def _fmt_count(n: float) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
@@ -104,8 +98,8 @@ def format_table(r: dict) -> str:
         f"dp {par['dp']} x fsdp {par['fsdp']} x tp {par['tp']}; per chip: batch {r['local_batch']}, "
         f"{r['per_chip_params'] / 1e6:.1f} M parameter elements held, {r['ops_per_chip']} ops, "
         f"{r['counted_flops_per_chip'] / 1e12:.2f} TFLOP counted",
-        f"HBM peak per chip: {_fmt_bytes(r['hbm_peak_bytes'])} physical "
-        f"(reserved {_fmt_bytes(r['hbm_reserved_peak_bytes'])})",
+        f"HBM peak per chip: {format_bytes(r['hbm_peak_bytes'])} physical "
+        f"(reserved {format_bytes(r['hbm_reserved_peak_bytes'])})",
         "per chip, estimated (cost model; ms per step):",
         f"  {'gen':<6} {'step':>9} {'MXU':>9} {'VPU':>8} {'HBM':>8} {'ovh':>7} {'ICI':>8} {'DCN':>8} "
         f"{'tok/s/chip':>11} {'MFU':>6} {'MFU(c)':>6} {'HBM/chip':>10}  fits",
@@ -117,15 +111,17 @@ def format_table(r: dict) -> str:
             f"  {g:<6} {e['step_time_s'] * 1e3:>9.1f} {b['mxu'] * 1e3:>9.1f} {b['vpu'] * 1e3:>8.1f} "
             f"{b['hbm'] * 1e3:>8.1f} {b['overhead'] * 1e3:>7.1f} {e['ici_s'] * 1e3:>8.1f} {e['dcn_s'] * 1e3:>8.1f} "
             f"{e['tokens_per_s_per_chip']:>11.0f} {100 * e['mfu']:>5.1f}% {100 * e['mfu_causal']:>5.1f}% "
-            f"{_fmt_bytes(e['hbm_bytes']):>10}  "
+            f"{format_bytes(e['hbm_bytes']):>10}  "
             f"{'yes' if e['fits'] else 'NO'}{mark}")
     lines.append("  (MXU/VPU/HBM/ovh: compute time by the unit bounding each op; ICI/DCN: all collective time, "
                  + ("of which FSDP/DP traffic overlaps compute" if r["overlap"] else "serial")
                  + "; MFU(c): causal attention FLOPs halved, as MaxText counts them)")
     for key, c in r["collectives"].items():
-        lines.append(f"  {key:<22} x{c['count']:<5} {_fmt_bytes(c['payload_bytes']):>11} payload, "
-                     f"{_fmt_bytes(c['ici_bytes']):>11} ICI, {_fmt_bytes(c['dcn_bytes']):>11} DCN, {c['links']} link(s)")
-    lines.append(f"dry run: {r['dry_run_wall_s']:.1f} s wall, host memory grew {_fmt_bytes(r['host_rss_growth_bytes'])}")
+        lines.append(f"  {key:<22} x{c['count']:<5} {format_bytes(c['payload_bytes']):>11} payload, "
+                     f"{format_bytes(c['ici_bytes']):>11} ICI, {format_bytes(c['dcn_bytes']):>11} DCN, "
+                     f"{c['links']} link(s)")
+    lines.append(f"dry run: {r['dry_run_wall_s']:.1f} s wall, host memory grew "
+                 f"{format_bytes(r['host_rss_growth_bytes'])}")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from collections import OrderedDict
 from typing import Any, Dict
 
 from .. import _C
+from .._units import format_bytes
 from ._utils import _device_index
 
 
@@ -77,14 +78,6 @@ def mem_get_info(device=None):
     return s["capacity_bytes"] - s["reserved_bytes"], s["capacity_bytes"]
 
 
-def _fmt(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.2f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024
-    return str(n)
-
-
 def memory_summary(device=None, abbreviated: bool = False) -> str:
     """A printable table of the device's memory statistics."""
     idx = _device_index(device)
@@ -94,10 +87,10 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
         ("Requested (logical)", s["logical_bytes"], s["logical_bytes_peak"]),
         ("Reserved", s["reserved_bytes"], s["reserved_bytes_peak"]),
     ]
-    lines = [f"tpu:{idx} HBM memory summary (capacity {_fmt(s['capacity_bytes'])})",
+    lines = [f"tpu:{idx} HBM memory summary (capacity {format_bytes(s['capacity_bytes'], 2)})",
              f"{'':24}{'current':>14}{'peak':>14}"]
-    lines += [f"{name:24}{_fmt(cur):>14}{_fmt(peak):>14}" for name, cur, peak in rows]
-    lines.append(f"{'Largest free block':24}{_fmt(s['largest_free_block']):>14}")
+    lines += [f"{name:24}{format_bytes(cur, 2):>14}{format_bytes(peak, 2):>14}" for name, cur, peak in rows]
+    lines.append(f"{'Largest free block':24}{format_bytes(s['largest_free_block'], 2):>14}")
     lines.append(f"allocations {s['num_allocs']}, frees {s['num_frees']}, segments {s['segments']}, "
                  f"alloc retries {s['num_alloc_retries']}, OOMs {s['num_ooms']}")
     return "\n".join(lines)
