@@ -50,8 +50,7 @@ def sync(device):
 
 
 def gpt_setup(device, compiled, backend, args):
-    from torch_tpu.demo.model import GPT, GPTConfig, PRESETS
-    from torch_tpu.demo.train import make_optimizer
+    from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS, make_optimizer
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(seq_len=args.seq_len, **PRESETS[args.model_size])).to(device)

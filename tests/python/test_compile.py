@@ -143,8 +143,7 @@ def test_graph_plain_data_cannot_describe_runs_uncached(caplog):
 
 
 def test_gpt_training_step_with_compiled_adamw_matches_cpu():
-    from torch_tpu.demo.model import GPT, GPTConfig, PRESETS
-    from torch_tpu.demo.train import make_optimizer
+    from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS, make_optimizer
 
     torch.manual_seed(0)
     cfg = GPTConfig(seq_len=16, **PRESETS["tiny"])

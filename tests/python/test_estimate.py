@@ -17,8 +17,7 @@ import pytest
 import torch
 
 import torch_tpu.runtime
-from torch_tpu.demo.model import GPT, GPTConfig, PRESETS
-from torch_tpu.demo.train import make_optimizer
+from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS, make_optimizer
 from torch_tpu.estimate import LLAMA_PRESETS, Parallelism, dry_run, model_spec, run, train_step
 from torch_tpu.estimate.__main__ import main as cli_main
 
@@ -264,7 +263,7 @@ def _cli(*args, timeout=240):
     (["--model", "llama", "--config", '{"n_layers": 2, "d_model": '], "--config: invalid JSON"),
     (["--model", "gpt-tiny", "--topology", "v6e-1", "--batch", "0"], "batch must be a positive integer, got 0"),
     (["--model", "gpt-tiny", "--topology", "v6e-1", "--seq-len", "0"], "seq_len must be a positive integer"),
-    (["--model", "torch_tpu.demo.model:GPT", "--topology", "v6e-1", "--batch", "-2"], "batch must be a positive"),
+    (["--model", "torch_tpu.estimate.models:GPT", "--topology", "v6e-1", "--batch", "-2"], "batch must be a positive"),
     (["--model", "llama-tiny", "--topology", "v6e-1", "--plot", "/nonexistent/dir/x.png"], "--plot"),
 ])
 def test_bad_input_errors_before_work(args, message, monkeypatch):
@@ -369,7 +368,7 @@ def test_factory_that_raises_or_returns_junk_is_a_clear_error(tmp_path):
                                         "def meta_shy():\n"  # fails on meta only: built on the chip instead
                                         "    if torch.empty(0).device.type == 'meta':\n"
                                         "        raise NotImplementedError('no meta')\n"
-                                        "    from torch_tpu.demo.model import GPT, GPTConfig, PRESETS\n"
+                                        "    from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS\n"
                                         "    return GPT(GPTConfig(**PRESETS['tiny']))\n")
     env_path = str(tmp_path)
     for factory, message in (("badfac:build", "model 'badfac:build' raised RuntimeError: factory exploded"),

@@ -21,6 +21,7 @@ import torch_tpu.runtime
 
 from .. import _C
 from . import models as M
+from .flops import mfu, model_flops_per_token
 from .parallel import Collectives, Parallelism, layer_modules, price_dp_grads, shard_model, tp_hooks
 
 GENERATIONS = ("v4", "v5e", "v5p", "v6e", "tpu7x")
@@ -55,7 +56,7 @@ def dry_run():
 
 @dataclass
 class ModelSpec:
-    """What to build. ``kind``: "llama" (``llama`` config), "gpt" (demo GPT, ``gpt_preset``)
+    """What to build. ``kind``: "llama" (``llama`` config), "gpt" (the demo's GPT, ``gpt_preset``)
     or "factory" (``factory`` = "pkg.mod:callable", called with ``factory_kwargs``)."""
 
     kind: str
@@ -92,10 +93,8 @@ def model_spec(name: str, *, config_json: Optional[str] = None, batch: Optional[
         return ModelSpec("factory", name, factory=name, factory_kwargs=dict(factory_kwargs or {}),
                          batch=8 if batch is None else batch, seq_len=128 if seq_len is None else seq_len)
     if name.startswith("gpt-"):
-        from ..demo.model import PRESETS
-
         preset = name[4:]
-        if preset not in PRESETS:
+        if preset not in M.GPT_PRESETS:
             raise ValueError(f"unknown model '{name}'; valid: {', '.join(MODEL_NAMES)} or package.module:factory")
         return ModelSpec("gpt", name, gpt_preset=preset, batch=16 if batch is None else batch,
                          seq_len=128 if seq_len is None else seq_len)
@@ -170,19 +169,18 @@ def _distinct_params(model: nn.Module) -> int:
 
 def _optimizer(spec: ModelSpec, model: nn.Module) -> torch.optim.Optimizer:
     if spec.kind == "gpt":
-        from ..demo.train import make_optimizer
-
-        return make_optimizer(model, 1e-3)  # the demo's AdamW and parameter groups
+        return M.make_optimizer(model, 1e-3)  # the demo's AdamW and parameter groups
     return torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               device: torch.device, amp: Optional[torch.dtype], after_backward: Callable[[], None] = lambda: None
-               ) -> torch.Tensor:
-    """The demo's training step (torch_tpu/demo/train.py): inputs moved to the device,
+               device: torch.device, amp: Optional[torch.dtype], after_backward: Callable[[], None] = lambda: None,
+               opt_step: Optional[Callable[[], None]] = None) -> torch.Tensor:
+    """One training step, the demo's (torch_tpu/demo/loop.py calls it): inputs moved to the device,
     forward under autocast (``amp``, None for none), backward, gradient clipping at 1.0,
-    optimizer step, gradients set to None. ``x``, ``y``: host int64 [B, T]. Returns the loss
-    (a device tensor; not read, so that the step runs in a dry run)."""
+    optimizer step (``opt_step``, default ``opt.step``; the demo's compile mode passes a compiled
+    one), gradients set to None. ``x``, ``y``: host int64 [B, T]. Returns the loss (a device
+    tensor; not read, so that the step runs in a dry run)."""
     ctx = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
     with ctx:
         out = model(x.to(device), y.to(device))
@@ -190,7 +188,7 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y:
     loss.backward()
     after_backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
+    (opt_step or opt.step)()
     opt.zero_grad(set_to_none=True)
     return loss
 
@@ -294,27 +292,6 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
     return out
 
 
-def model_flops_per_token(spec: ModelSpec, params: int, causal: bool = False) -> float:
-    """Training FLOPs per token used for MFU (forward + backward = 3 x forward).
-
-    Llama: 6·(N - V·C) for the matmul parameters (the input embedding is a lookup; the
-    untied output projection counts) plus attention's 12·L·C·T (PaLM, arXiv 2204.02311,
-    App. B), or 6·L·C·T with ``causal`` (the masked half skipped: MaxText's accounting since
-    its PR #1988). GPT (tied embedding, counted once as the output projection): 6·N plus the
-    same attention term. Other models: 6·N (the demo's rule).
-    """
-    attn = 6.0 if causal else 12.0
-    if spec.kind == "llama":
-        c = spec.llama
-        return 6.0 * (params - c.vocab_size * c.d_model) + attn * c.n_layers * c.d_model * c.seq_len
-    if spec.kind == "gpt":
-        from ..demo.model import PRESETS
-
-        p = PRESETS[spec.gpt_preset]
-        return 6.0 * params + attn * p["n_layer"] * p["d_model"] * spec.seq_len
-    return 6.0 * params
-
-
 def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overlap: bool = True) -> dict:
     """Per-chip estimate for every generation from :func:`run`'s measurements.
 
@@ -323,8 +300,8 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
     (collectives; tp all-reduces are on the critical path, fsdp / dp collectives overlap
     with compute when ``overlap``: exposed = max(0, their time - compute)),
     ``step_time_s`` = compute + exposed collectives, ``tokens_per_s`` (whole job),
-    ``tokens_per_s_per_chip``, ``mfu`` = model FLOPs (:func:`model_flops_per_token`) /
-    (chips · step time · peak bf16 FLOP/s), ``mfu_causal`` the same with causal attention
+    ``tokens_per_s_per_chip``, ``mfu`` (``flops.mfu``: model FLOPs of ``flops.model_flops_per_token``
+    over chips · step time · peak bf16 FLOP/s), ``mfu_causal`` the same with causal attention
     FLOPs halved (MaxText's convention), ``hbm_bytes`` and ``fits`` (peak physical HBM <= the generation's HBM).
     Collective seconds come from the counters' own formula (vtpu::collective_seconds).
     """
@@ -367,8 +344,8 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
             "dcn_s": dcn,
             "tokens_per_s": tokens / step if step else None,
             "tokens_per_s_per_chip": tokens / step / chips if step else None,
-            "mfu": flops_token * tokens / (chips * step * peak) if step else None,
-            "mfu_causal": flops_token_causal * tokens / (chips * step * peak) if step else None,
+            "mfu": mfu(flops_token * tokens, step, peak, chips),
+            "mfu_causal": mfu(flops_token_causal * tokens, step, peak, chips),
             "hbm_bytes": int(specs[g]["hbm_bytes"]),
             "fits": raw["hbm_peak_bytes"] <= specs[g]["hbm_bytes"],
         }

@@ -1,5 +1,6 @@
-"""A decoder-only transformer (GPT) over byte tokens.
+"""The demo's GPT: a decoder-only transformer over byte tokens, its named sizes and its AdamW.
 
+The demo (``torch_tpu.demo``) trains it; the estimator prices it (``--model gpt-small``).
 Shapes use B = batch, T = sequence length (tokens), C = ``d_model``, H = heads,
 D = C / H (head size), V = vocabulary size (256 for bytes).
 """
@@ -154,3 +155,18 @@ class GPT(nn.Module):
             nxt = torch.multinomial(probs, 1, generator=generator)  # [B, 1]
             idx = torch.cat([idx, nxt.to(idx.device)], dim=1)
         return idx
+
+
+def demo_gpt(preset: str = "small", seq_len: int = 128, **overrides) -> GPT:
+    """The GPT with a named size (tiny, small, base), e.g. as an estimator factory."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown GPT preset '{preset}'; valid: {', '.join(PRESETS)}")
+    return GPT(GPTConfig(seq_len=seq_len, **{**PRESETS[preset], **overrides}))
+
+
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1) -> torch.optim.AdamW:
+    """The demo's AdamW, betas (0.9, 0.95); weight decay on matrices only (not biases, norms)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))

@@ -1,4 +1,4 @@
-"""Built-in model families of the estimator: Llama-style decoders and the demo's GPT.
+"""Llama-style decoders, built per chip for the estimator.
 
 Shapes: B = sequences per chip, T = sequence length, C = ``d_model``, H = query heads,
 K = key/value heads, D = C / H (head size), F = MLP width, V = vocabulary.
@@ -269,11 +269,3 @@ class Llama(nn.Module):
     def _chunk_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(self.output(h).float(), targets, reduction="sum")
 
-
-def demo_gpt(preset: str = "small", seq_len: int = 128, **overrides) -> nn.Module:
-    """The demo's GPT (torch_tpu/demo/model.py) with a named size (tiny, small, base)."""
-    from ..demo.model import GPT, GPTConfig, PRESETS
-
-    if preset not in PRESETS:
-        raise ValueError(f"unknown GPT preset '{preset}'; valid: {', '.join(PRESETS)}")
-    return GPT(GPTConfig(seq_len=seq_len, **{**PRESETS[preset], **overrides}))
