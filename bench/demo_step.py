@@ -19,8 +19,8 @@ from contextlib import nullcontext
 import torch
 import torch_tpu  # noqa: F401
 
-from torch_tpu.demo.model import GPT, GPTConfig, PRESETS
-from torch_tpu.demo.train import DEFAULTS, make_optimizer
+from torch_tpu.demo.loop import DEFAULTS
+from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS, make_optimizer
 
 
 def time_steps(device: str, args) -> list:

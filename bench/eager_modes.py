@@ -68,8 +68,8 @@ def demo_step(device):
     """(step function, its argument tuple) of the demo's default model on `device`."""
     from contextlib import nullcontext
 
-    from torch_tpu.demo.model import GPT, GPTConfig, PRESETS
-    from torch_tpu.demo.train import DEFAULTS, make_optimizer
+    from torch_tpu.demo.loop import DEFAULTS
+    from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS, make_optimizer
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(seq_len=DEFAULTS["seq_len"], **PRESETS[DEFAULTS["model_size"]])).to(device)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from torch_tpu.demo import data
-from torch_tpu.demo.model import GPT, GPTConfig, PRESETS
+from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--model-size", "tiny", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "2",
@@ -143,14 +143,14 @@ def test_three_step_run_writes_checkpoints_and_json(full_run):
 _INTERRUPT_AFTER_FIRST_EVAL = """
 import os, signal, sys
 import torch
-from torch_tpu.demo import train
+from torch_tpu.demo import loop
 from torch_tpu.demo.__main__ import main
-evaluate = train.evaluate
+evaluate = loop.evaluate
 def interrupting_evaluate(*args, **kwargs):
     value = evaluate(*args, **kwargs)
     os.kill(os.getpid(), signal.SIGINT)
     return value
-train.evaluate = interrupting_evaluate
+loop.evaluate = interrupting_evaluate
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a byte-level GPT on the Python standard library's source, on the tpu device. "
                     "The last line printed is a JSON object (val_loss, unigram_nats, tokens_per_s, steps, "
                     "params, estimate).")
-    # Settings a resumed run takes from its checkpoint default to None here (train.DEFAULTS fills them).
+    # Settings a resumed run takes from its checkpoint default to None here (loop.DEFAULTS fills them).
     p.add_argument("--steps", type=int, default=300, help="total training steps (default 300)")
     p.add_argument("--eval-every", type=int, default=100, help="validation loss every N steps (default 100)")
     p.add_argument("--eval-batches", type=int, default=8, help="validation batches per evaluation (default 8)")
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             return _fail(f"--{name.replace('_', '-')} must be at least 1", 2)
 
-    from .model import PRESETS  # torch is imported already: `python -m` ran torch_tpu/__init__.py
+    from ..estimate.models.gpt import PRESETS  # torch is imported already: `python -m` ran torch_tpu/__init__.py
 
     if args.model_size is not None and args.model_size not in PRESETS:
         return _fail(f"unknown --model-size {args.model_size!r}; choose one of {', '.join(PRESETS)}", 2)
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
         try:
             _C._parse_topology(args.topology)
         except Exception as e:  # noqa: BLE001  (the runtime raises ValueError; c10 may wrap it)
-            from .train import clean_error_text
+            from .errors import clean_error_text
             return _fail(f"--topology: {clean_error_text(e)}", 2)
         os.environ["TORCH_TPU_TOPOLOGY"] = args.topology
         sys.stdout.flush()
@@ -105,7 +105,8 @@ def main(argv=None) -> int:
             return _fail(f"--mode {args.mode}: {e}; use --mode strict", 2)
 
     from .data import CorpusError
-    from .train import DemoError, run
+    from .errors import DemoError
+    from .train import run
 
     if args.fsdp:
         from .fsdp import run_fsdp as run

@@ -20,6 +20,8 @@ from typing import List, Tuple
 import numpy as np
 import torch
 
+from .._units import format_bytes
+
 # Directories of the standard library tree that are not the standard library's own source.
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
@@ -106,8 +108,8 @@ class Corpus:
     unigram_nats: float  # entropy of the train split's byte distribution, nats per byte
 
     def describe(self) -> str:
-        return (f"corpus {self.root}: {len(self.train_files)} train files ({self.train.numel() / 2**20:.1f} MiB), "
-                f"{len(self.val_files)} validation files ({self.val.numel() / 2**20:.1f} MiB), "
+        return (f"corpus {self.root}: {len(self.train_files)} train files ({format_bytes(self.train.numel())}), "
+                f"{len(self.val_files)} validation files ({format_bytes(self.val.numel())}), "
                 f"byte unigram entropy {self.unigram_nats:.3f} nats")
 
 

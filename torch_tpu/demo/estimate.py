@@ -6,8 +6,8 @@ device seconds per generation for the ops that ran) and from the HBM allocator
 generation this module reports:
 
 - ``step_time_s``: estimated device seconds per training step (stats delta / steps);
-- ``mfu``: model FLOPs utilisation, ``6 * params * tokens_per_step / (step_time_s * peak_bf16_flops)``
-  (the 6·N·T rule: forward 2·N·T plus backward 4·N·T FLOPs, attention not counted);
+- ``mfu``: model FLOPs utilisation (``torch_tpu.estimate.flops.mfu``) of the 6·N·T model FLOPs
+  (forward 2·N·T plus backward 4·N·T, attention not counted);
 - ``hbm_bytes`` and ``fits``: the generation's HBM per chip and whether the measured
   peak fits in it.
 
@@ -23,12 +23,15 @@ import torch
 
 import torch_tpu.runtime
 
+from .._units import format_bytes
+from ..estimate.flops import dense_flops_per_token, mfu
+
 # Generations always reported side by side (the chosen one is added when it is another).
 COMPARED_GENERATIONS = ("v5e", "v6e", "v5p", "tpu7x")
 
 # Additive keys of stats(): deltas over a window are meaningful for these.
 _ADDITIVE = ("ops", "host_seconds", "flops", "bytes_read", "bytes_written", "device_seconds",
-             "mxu_seconds", "vpu_seconds", "hbm_seconds", "overhead_seconds")
+             "mxu_seconds", "vpu_seconds", "hbm_seconds", "overhead_seconds", "ici_seconds", "ici_bytes")
 
 
 def generation_specs() -> Dict[str, dict]:
@@ -83,7 +86,7 @@ def build(window: StatsWindow, specs: Dict[str, dict], *, generation: str, param
     Generations reported: ``generation`` first, then COMPARED_GENERATIONS.
     """
     steps = max(window.steps, 1)
-    model_flops = 6.0 * params * tokens_per_step  # FLOPs per training step
+    model_flops = dense_flops_per_token(params) * tokens_per_step  # FLOPs per training step
     gens: List[str] = [generation] + [g for g in COMPARED_GENERATIONS if g != generation]
     per_gen = {}
     for g in gens:
@@ -95,8 +98,7 @@ def build(window: StatsWindow, specs: Dict[str, dict], *, generation: str, param
             entry["peak_bf16_flops"] = spec["peak_bf16_flops"]
             entry["hbm_bytes"] = int(spec["hbm_bytes"])
             entry["fits"] = bool(hbm_peak_bytes <= spec["hbm_bytes"])
-            if step_time:
-                entry["mfu"] = model_flops / (step_time * spec["peak_bf16_flops"])
+            entry["mfu"] = mfu(model_flops, step_time, spec["peak_bf16_flops"])
         per_gen[g] = entry
     return {
         "generation": generation,
@@ -118,28 +120,18 @@ def build(window: StatsWindow, specs: Dict[str, dict], *, generation: str, param
     }
 
 
-def _fmt_bytes(n: Optional[float]) -> str:
-    if n is None:
-        return "?"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
 def format_table(est: dict) -> str:
     """A human-readable table of :func:`build`'s result, one line per generation."""
     lines = [f"estimated cost on TPU generations ({est['steps_measured']} training steps measured, "
              f"{est['model_flops_per_step'] / 1e9:.2f} GFLOP/step by 6·N·T, HBM peak "
-             f"{_fmt_bytes(est['hbm_peak_bytes'])} physical):",
+             f"{format_bytes(est['hbm_peak_bytes'])} physical):",
              f"  {'generation':<10} {'step time':>12} {'MFU':>8} {'HBM/chip':>11}  fits"]
     for g, e in est["by_generation"].items():
         st = f"{e['step_time_s'] * 1e3:.3f} ms" if e["step_time_s"] is not None else "?"
-        mfu = f"{100 * e['mfu']:.1f}%" if e["mfu"] is not None else "?"
+        mfu_text = f"{100 * e['mfu']:.1f}%" if e["mfu"] is not None else "?"
         fits = {True: "yes", False: "NO", None: "?"}[e["fits"]]
         mark = " (chosen)" if g == est["generation"] else ""
-        lines.append(f"  {g:<10} {st:>12} {mfu:>8} {_fmt_bytes(e['hbm_bytes']):>11}  {fits}{mark}")
+        lines.append(f"  {g:<10} {st:>12} {mfu_text:>8} {format_bytes(e['hbm_bytes']):>11}  {fits}{mark}")
     if est.get("host_step_s"):
         lines.append(f"  (the vTPU took {est['host_step_s'] * 1e3:.0f} ms of host time per step)")
     return "\n".join(lines)

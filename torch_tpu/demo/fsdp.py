@@ -1,4 +1,4 @@
-"""The demo trained with FSDP2 over ``tpu_dist``: one process per vTPU chip.
+"""The demo trained with FSDP2 over ``tpu_dist``: one process per vTPU chip, the loop of loop.py.
 
 ``python -m torch_tpu.run -n 4 -m torch_tpu.demo --fsdp [flags]``. Each process
 runs on ``tpu:LOCAL_RANK``; every transformer block and the root module are
@@ -19,26 +19,22 @@ single-chip fields (``tokens_per_s`` counts all ranks' tokens).
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
 import signal
-import sys
-import time
 from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
-from . import data, estimate
-from .model import GPT, GPTConfig, PRESETS
-from .train import (DEFAULTS, DemoError, CheckpointError, _InterruptFlag, _RUN_KEYS, _log_event, autocast_ctx,
-                    clean_error_text, lr_at, make_optimizer, oom_message, sample)
+from .._units import format_bytes
+from ..estimate.models.gpt import GPT
+from . import loop
+from .errors import CheckpointError, DemoError, clean_error_text
 
 _DCP_RE = re.compile(r"^dcp-(\d+)$")
 LATEST_DCP = "latest-dcp"  # text file in --out naming the newest complete DCP checkpoint
-KEEP_CHECKPOINTS = 2
 META = "demo.json"  # inside a DCP folder; its presence marks the save as complete
 
 
@@ -86,7 +82,7 @@ def save_dcp(out: str, step: int, model, opt, meta: dict, rank: int) -> str:
         with open(os.path.join(out, LATEST_DCP + ".tmp"), "w") as f:
             f.write(os.path.basename(path) + "\n")
         os.replace(os.path.join(out, LATEST_DCP + ".tmp"), os.path.join(out, LATEST_DCP))
-        for _, old in list_dcp_checkpoints(out)[KEEP_CHECKPOINTS:]:
+        for _, old in list_dcp_checkpoints(out)[loop.KEEP_CHECKPOINTS:]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()  # nobody reads or prunes the folder before rank 0 is done with it
     return path
@@ -113,31 +109,81 @@ def shard_model(model: GPT) -> GPT:
     return model
 
 
-@torch.no_grad()
-def evaluate_sharded(model, batches, device, dtype: str, rank: int, world: int) -> float:
-    """Mean validation loss over ``batches``: each rank scores its rows of every batch and the
-    per-rank means are averaged (equal rows per rank, so this is the single-chip value)."""
-    was_training = model.training
-    model.eval()
-    total = 0.0
-    for x, y in batches:
-        b = x.shape[0] // world
-        rows = slice(rank * b, (rank + 1) * b)
-        with autocast_ctx(device, dtype):
-            _, loss = model(x[rows].to(device), y[rows].to(device))
-        total += loss.item()
-    t = torch.tensor([total / len(batches)], dtype=torch.float32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.AVG)
-    model.train(was_training)
-    return float(t.item())
+class FSDPJob(loop.Job):
+    """This rank's part: its rows of every batch, DCP checkpoints, rank 0 alone prints. Ctrl-C
+    (the launcher forwards it to every rank) or SIGTERM: the ranks vote in the next step, all
+    stop after it and save."""
 
+    checkpoint_noun = "DCP checkpoint"
+    stop_signals = (signal.SIGINT, signal.SIGTERM)
+    votes_to_stop = True
 
-class _StopFlag(_InterruptFlag):
-    """SIGINT/SIGTERM (the launcher forwards Ctrl-C to every rank): finish the current step, agree
-    with the other ranks to stop, save. A second signal raises KeyboardInterrupt."""
+    def __init__(self, device: torch.device, topo: dict, rank: int, world: int):
+        super().__init__(device, topo)
+        self.rank, self.world = rank, world
+        self.oom_prefix = f"rank {rank}: "
 
-    def __init__(self, log):
-        super().__init__(log, signals=(signal.SIGINT, signal.SIGTERM))
+    def check(self, args) -> None:
+        if args.batch_size % self.world:
+            raise DemoError(f"--batch-size {args.batch_size} (the global batch) is not a multiple of the "
+                            f"{self.world} ranks", 2)
+
+    def describe(self, args) -> str:
+        return (f"FSDP2 over tpu_dist: {self.world} ranks on {self.topo['name']}, global batch {args.batch_size} "
+                f"({args.batch_size // self.world} per rank); DCP checkpoints and log.jsonl in "
+                f"{os.path.abspath(args.out)}")
+
+    def describe_batch(self, args) -> str:
+        return f"{args.batch_size // self.world} x {args.seq_len} tokens per rank, FSDP2 over {self.world} ranks"
+
+    def find_checkpoint(self, out: str) -> Optional[Tuple[dict, str]]:
+        found = list_dcp_checkpoints(out)
+        if not found:
+            return None
+        path = found[0][1]
+        with open(os.path.join(path, META)) as f:
+            return json.load(f), path
+
+    def place(self, model: GPT) -> GPT:
+        return shard_model(model.to(self.device))
+
+    def load(self, resumed: Tuple[dict, str], model, opt) -> None:
+        path = resumed[1]
+        try:
+            load_dcp(path, model, opt)
+        except Exception as e:  # noqa: BLE001  (DCP raises CheckpointException wrapping each rank's error)
+            raise CheckpointError(f"--resume: cannot load {path}: {clean_error_text(e)}") from None
+
+    def save(self, out: str, step: int, model, opt, meta: dict) -> str:
+        return save_dcp(out, step, model, opt, {**meta, "world_size": self.world}, self.rank)
+
+    def rows(self, batch_size: int) -> slice:
+        b = batch_size // self.world
+        return slice(self.rank * b, (self.rank + 1) * b)
+
+    def mean(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float32, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        return float(t.item())
+
+    def step_result(self, loss: torch.Tensor, stop: bool) -> Tuple[float, bool]:
+        # The gradients were reduce-scattered in backward (FSDP2: mean over ranks); one collective
+        # here for the loss of the global batch and the stop vote.
+        both = torch.stack([loss.detach().float(), torch.tensor(float(stop), device=self.device)])
+        dist.all_reduce(both, op=dist.ReduceOp.SUM)
+        total, stops = both.tolist()
+        return total / self.world, stops > 0
+
+    def finish_estimate(self, est: dict, window) -> str:
+        est["per_chip"] = True  # step time, MFU and HBM are one chip's share of the sharded step
+        steps_measured = max(window.steps, 1)
+        est["ici_s_per_step"] = window.total["ici_seconds"] / steps_measured
+        est["ici_bytes_per_step"] = window.total["ici_bytes"] / steps_measured
+        return (f"  (per chip, {self.world} chips; collectives add {est['ici_s_per_step'] * 1e3:.3f} ms of "
+                f"estimated ICI time per step, {format_bytes(est['ici_bytes_per_step'])})")
+
+    def result_fields(self) -> dict:
+        return {"world_size": self.world, "fsdp": True}
 
 
 def run_fsdp(args) -> int:
@@ -152,206 +198,6 @@ def run_fsdp(args) -> int:
         raise DemoError(f"cannot start the tpu runtime on tpu:{local_rank}: {clean_error_text(e)}", 2) from None
     dist.init_process_group("tpu_dist", device_id=device)
     try:
-        return _run(args, rank, world, device, topo)
+        return loop.train(args, FSDPJob(device, topo, rank, world))
     finally:
         dist.destroy_process_group()
-
-
-def _run(args, rank: int, world: int, device, topo) -> int:
-    from tqdm import tqdm
-
-    def log(msg: str) -> None:
-        if rank == 0:
-            tqdm.write(msg)
-
-    generation = topo["spec"]["generation"]
-    resumed: Optional[Tuple[dict, str]] = None
-    if args.resume:
-        found = list_dcp_checkpoints(args.out)
-        if not found:
-            log(f"--resume: no DCP checkpoint in {args.out}; starting a new run")
-        else:
-            path = found[0][1]
-            with open(os.path.join(path, META)) as f:
-                meta = json.load(f)
-            resumed = (meta, path)
-            for k in _RUN_KEYS:
-                given = getattr(args, k)
-                if given is not None and given != meta["run"][k]:
-                    log(f"note: --{k.replace('_', '-')} {given} ignored: the checkpoint's run used {meta['run'][k]}")
-                setattr(args, k, meta["run"][k])
-    for k, v in DEFAULTS.items():
-        if getattr(args, k, None) is None:
-            setattr(args, k, v)
-    if args.batch_size % world:
-        raise DemoError(f"--batch-size {args.batch_size} (the global batch) is not a multiple of the "
-                        f"{world} ranks", 2)
-    if args.model_size not in PRESETS:
-        raise DemoError(f"unknown --model-size {args.model_size!r}; choose one of {', '.join(PRESETS)}", 2)
-
-    corpus = data.load_corpus(args.corpus, min_tokens=args.seq_len + 1)
-    log(corpus.describe())
-    log(f"FSDP2 over tpu_dist: {world} ranks on {topo['name']}, global batch {args.batch_size} "
-        f"({args.batch_size // world} per rank); DCP checkpoints and log.jsonl in {os.path.abspath(args.out)}")
-
-    cfg = GPTConfig(**resumed[0]["model_config"]) if resumed else GPTConfig(seq_len=args.seq_len,
-                                                                            **PRESETS[args.model_size])
-    torch.manual_seed(args.seed)
-    model = GPT(cfg)  # same host init on every rank: the shards of one model
-    params = model.num_params()
-    what = (f"model {args.model_size!r} ({params / 1e6:.2f} M parameters, batch {args.batch_size // world} x "
-            f"{args.seq_len} tokens per rank, FSDP2 over {world} ranks)")
-    try:
-        model.to(device)
-        shard_model(model)
-        opt = make_optimizer(model, args.lr)
-        return _train(args, corpus, model, opt, cfg, params, device, topo, generation, resumed, rank, world, log)
-    except torch.OutOfMemoryError as e:
-        raise DemoError(f"rank {rank}: " + oom_message(e, what)) from None
-
-
-def _train(args, corpus, model, opt, cfg, params, device, topo, generation, resumed, rank, world, log) -> int:
-    from tqdm import tqdm
-
-    start = 0
-    if resumed is not None:
-        meta, path = resumed
-        try:
-            load_dcp(path, model, opt)
-        except Exception as e:  # noqa: BLE001  (DCP raises CheckpointException wrapping each rank's error)
-            raise CheckpointError(f"--resume: cannot load {path}: {clean_error_text(e)}") from None
-        start = int(meta["step"])
-        log(f"resumed from {path} at step {start}")
-
-    run_cfg = {k: getattr(args, k) for k in _RUN_KEYS}
-    meta = {"model_config": cfg.to_dict(), "run": run_cfg, "world_size": world}
-    vbatches = data.val_batches(corpus, args.eval_batches, args.batch_size, args.seq_len, args.seed)
-    local_b = args.batch_size // world
-    rows = slice(rank * local_b, (rank + 1) * local_b)
-    warmup = max(1, min(args.warmup, args.steps // 10 or 1))
-
-    def out_event(event: dict) -> None:
-        if rank == 0:
-            _log_event(args.out, event)
-
-    def save(step: int) -> None:
-        path = save_dcp(args.out, step, model, opt, meta, rank)
-        out_event({"event": "checkpoint", "step": step, "path": path})
-
-    def train_step(step: int, lr: float, stop: bool) -> Tuple[float, bool]:
-        """One optimizer step on this rank's rows of the global batch of ``step``. Returns the
-        global batch's loss (mean over ranks) and whether any rank asked to stop."""
-        x, y = data.train_batch(corpus, args.batch_size, args.seq_len, args.seed, step)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        with autocast_ctx(device, args.dtype):
-            _, loss = model(x[rows].to(device), y[rows].to(device))
-        loss.backward()  # FSDP2 reduce-scatters the gradients (mean over ranks)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # norm of the whole (sharded) gradient
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        both = torch.stack([loss.detach().float(), torch.tensor(float(stop), device=device)])
-        dist.all_reduce(both, op=dist.ReduceOp.SUM)  # one collective: mean loss and the stop vote
-        total, stops = both.tolist()
-        return total / world, stops > 0
-
-    window = estimate.StatsWindow()
-    ici = {"seconds": 0.0, "bytes": 0.0}
-    train_seconds = 0.0
-    train_tokens = 0
-    val_loss = None
-    step = start
-    saved_step = start if resumed is not None else None
-    torch.tpu.reset_peak_memory_stats()
-    model.train()
-    bar = tqdm(total=args.steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
-               mininterval=0.5 if sys.stderr.isatty() else 30.0, disable=rank != 0)
-    interrupted = False
-    try:
-        with _StopFlag(log) as flag:
-            window.start()
-            window_from = step
-            mark = torch_tpu_stats()
-            while step < args.steps:
-                t0 = time.perf_counter()
-                lr = lr_at(step, args.steps, args.lr, warmup)
-                loss_value, stop = train_step(step, lr, flag.hit)
-                step += 1
-                train_seconds += time.perf_counter() - t0
-                train_tokens += args.batch_size * args.seq_len
-                if not math.isfinite(loss_value):
-                    raise DemoError(f"training diverged: loss {loss_value} at step {step}; try a lower --lr")
-                bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{train_tokens / train_seconds:.0f}", refresh=False)
-                bar.update(1)
-                if stop:
-                    interrupted = True
-                    break
-                eval_due = step % args.eval_every == 0 or step == args.steps
-                ckpt_due = step % args.checkpoint_every == 0 or step == args.steps
-                if eval_due or ckpt_due:
-                    window.stop(step - window_from)
-                    now = torch_tpu_stats()
-                    ici["seconds"] += now["ici_seconds"] - mark["ici_seconds"]
-                    ici["bytes"] += now["ici_bytes"] - mark["ici_bytes"]
-                    if eval_due:
-                        val_loss = evaluate_sharded(model, vbatches, device, args.dtype, rank, world)
-                        log(f"step {step}: train loss {loss_value:.4f}, val loss {val_loss:.4f} "
-                            f"({val_loss / corpus.unigram_nats:.3f} x unigram), lr {lr:.2e}")
-                        out_event({"event": "eval", "step": step, "train_loss": loss_value, "val_loss": val_loss,
-                                   "lr": lr, "tokens_per_s": train_tokens / train_seconds})
-                    if ckpt_due:
-                        save(step)
-                        saved_step = step
-                    window.start()
-                    window_from = step
-                    mark = torch_tpu_stats()
-            window.stop(step - window_from)
-    finally:
-        bar.close()
-
-    if interrupted:
-        if saved_step != step:
-            save(step)
-        if rank == 0:
-            print(f"interrupted at step {step}: checkpoint saved in {args.out}; "
-                  f"continue with --resume --out {args.out}", flush=True)
-        return 130
-
-    if val_loss is None:
-        val_loss = evaluate_sharded(model, vbatches, device, args.dtype, rank, world)
-        log(f"step {step}: val loss {val_loss:.4f} ({val_loss / corpus.unigram_nats:.3f} x unigram)")
-    if saved_step != step:
-        save(step)
-
-    # Every rank runs the sampler (each forward all-gathers the blocks); same host RNG, same text.
-    text = sample(model, device, args.dtype, args.prompt, args.sample_tokens, args.seed)
-    host_step = train_seconds / max(1, step - start)
-    est = estimate.build(window, estimate.generation_specs(), generation=generation, params=params,
-                         tokens_per_step=args.batch_size * args.seq_len // world,
-                         hbm_peak_bytes=torch.tpu.max_memory_allocated(device),
-                         host_step_seconds=host_step if step > start else None)
-    est["topology"] = topo["name"]
-    est["per_chip"] = True  # step time, MFU and HBM are one chip's share of the sharded step
-    steps_measured = max(window.steps, 1)
-    est["ici_s_per_step"] = ici["seconds"] / steps_measured
-    est["ici_bytes_per_step"] = ici["bytes"] / steps_measured
-    if rank == 0:
-        print("--- sample ---")
-        print(text)
-        print("--- end of sample ---")
-        print(estimate.format_table(est))
-        print(f"  (per chip, {world} chips; collectives add {est['ici_s_per_step'] * 1e3:.3f} ms of "
-              f"estimated ICI time per step, {est['ici_bytes_per_step'] / 2**20:.1f} MiB)")
-        result = {"val_loss": val_loss, "unigram_nats": corpus.unigram_nats,
-                  "tokens_per_s": train_tokens / train_seconds if train_seconds else 0.0,
-                  "steps": step, "params": params, "estimate": est, "world_size": world, "fsdp": True}
-        _log_event(args.out, {"event": "result", **result})
-        print(json.dumps(result), flush=True)
-    return 0
-
-
-def torch_tpu_stats() -> dict:
-    import torch_tpu.runtime
-
-    torch.tpu.synchronize()
-    return torch_tpu.runtime.stats()
