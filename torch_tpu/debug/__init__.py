@@ -9,7 +9,7 @@ the fusion plan as comments.
 
 from typing import Dict, Union
 
-from . import _C
+from .. import _C
 
 __all__ = ["region_stats", "reset_region_stats", "flush", "pending_ops"]
 
