@@ -2,7 +2,7 @@
 
 ``import torch_tpu`` (or just ``import torch`` once installed, through the
 ``torch.backends`` autoload entry point) makes ``torch.device("tpu")`` a real
-PyTorch device. See README.md and DESIGN.md.
+PyTorch device. See README.md and docs/design.md.
 """
 
 

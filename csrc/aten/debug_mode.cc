@@ -64,7 +64,7 @@ std::optional<int64_t> out_of_range(const at::Tensor& index, int64_t low, int64_
   return host.flatten().index({bad.flatten()})[0].item<int64_t>();
 }
 
-// Bounds of the index ops DESIGN.md lists; the chip has been synchronized.
+// Bounds of the index ops docs/eager-modes.md lists (debug); the chip has been synchronized.
 void check_index_bounds(const std::string& name, const std::vector<IValue>& args) {
   auto tensor = [&](size_t i) { return i < args.size() && args[i].isTensor() ? args[i].toTensor() : at::Tensor(); };
   auto dim_size = [](const at::Tensor& t, int64_t dim) { return t.dim() == 0 ? 1 : t.size(c10::maybe_wrap_dim(dim, t.dim())); };

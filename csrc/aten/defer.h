@@ -1,7 +1,7 @@
 // defer_and_fuse: fusible ops are recorded into the chip's pending IR region
 // instead of running; the region is compiled (cached by structure) into fused
 // kernels and queued on the chip's stream when something flushes it
-// (DESIGN.md "Execution").
+// (docs/design.md "Execution").
 //
 // The hooks below are all the rest of the ATen layer needs to know:
 //  - tpu_fallback offers every op to defer_record() in defer_and_fuse mode;

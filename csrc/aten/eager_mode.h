@@ -1,4 +1,4 @@
-// Eager execution modes (DESIGN.md "Execution"):
+// Eager execution modes (docs/design.md "Execution"):
 //   strict          every op is queued on the chip's stream (default);
 //   debug           every op runs synchronously, index ops check bounds,
 //                   optional NaN/Inf checks, errors raised at the op;

@@ -1,5 +1,5 @@
 // float32 matrix products with the TPU's MXU numerics, selected by
-// torch.get_float32_matmul_precision() (DESIGN.md "Numerics"):
+// torch.get_float32_matmul_precision() (docs/design.md "Numerics"):
 //   highest: exact float32;
 //   high:    three bf16 passes (a_hi*b_hi + a_hi*b_lo + a_lo*b_hi, fp32 accumulation);
 //   medium:  one bf16 pass (inputs rounded to bf16, fp32 accumulation) — the TPU's native mode.

@@ -1,5 +1,6 @@
 // torch_tpu._C bindings of defer_and_fuse: region counters and flush.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "aten/defer.h"
 #include "aten/defer_internal.h"
@@ -48,6 +49,7 @@ void register_defer_bindings(py::module_& m) {
   m.def("_defer_pending_ops", [] { return defer_pending_ops(); });
   m.def("_defer_set_single_op_aten", [](bool enabled) { defer_set_single_op_aten(enabled); });
   m.def("_defer_single_op_aten", [] { return defer_single_op_aten(); });
+  m.def("_defer_fusible_ops", [] { return defer::fusible_op_labels(); });
 }
 
 }  // namespace torch_tpu

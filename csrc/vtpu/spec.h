@@ -1,5 +1,5 @@
 // Cloud TPU generation table: the hardware numbers the vTPU models.
-// No torch headers here (DESIGN.md: csrc/vtpu builds without PyTorch).
+// No torch headers here (docs/design.md: csrc/vtpu builds without PyTorch).
 #pragma once
 
 #include <cstdint>

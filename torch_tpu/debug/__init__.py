@@ -4,14 +4,17 @@
 since ``reset_region_stats()``); ``TORCH_TPU_DUMP_IR=DIR`` additionally writes
 every newly compiled region to ``DIR/region_NNNN_<hash>.mlir`` as StableHLO
 text, preceded by the recorded ATen ops (with their Python source lines) and
-the fusion plan as comments.
+the fusion plan as comments. ``python -m torch_tpu.debug --fusible-ops`` prints
+:func:`fusible_ops`.
 """
 
 from typing import Dict, Union
 
-from . import _C
+import torch
 
-__all__ = ["region_stats", "reset_region_stats", "flush", "pending_ops"]
+from .. import _C
+
+__all__ = ["region_stats", "reset_region_stats", "flush", "pending_ops", "fusible_ops"]
 
 
 def region_stats() -> Dict[str, Union[int, Dict[str, int]]]:
@@ -69,3 +72,23 @@ def flush() -> None:
 def pending_ops() -> int:
     """ATen ops recorded and not yet flushed, all chips together."""
     return int(_C._defer_pending_ops())
+
+
+def fusible_ops() -> list[str]:
+    """The ATen operators ``defer_and_fuse`` records into regions, sorted (``"aten::add.Tensor"``).
+
+    Read from the lowering table itself (``csrc/aten/defer_lower.cc``), in-place variants
+    included; labels the table knows that are not operators of this PyTorch are left out.
+    ``native_dropout`` fuses too: its tpu kernel is written in terms of ``bernoulli.p`` and
+    ``mul``. An op listed here still runs strictly for arguments its lowering does not take
+    (a dtype, a layout, a view the IR cannot express); ``region_stats()["fallbacks"]`` counts those.
+    """
+    ops = []
+    for label in _C._defer_fusible_ops():
+        name, _, overload = label.partition(".")
+        try:
+            torch._C._get_schema(name, overload)
+        except RuntimeError:
+            continue
+        ops.append(label)
+    return ops
