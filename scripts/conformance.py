@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """OpInfo conformance matrix of torch_tpu: PyTorch's op_db on tpu against CPU.
 
-Runs every (op, dtype, kind) case of tests/python/opinfo_harness.py -- dtypes
+Runs every (op, dtype, kind) case of tests/python/helpers/opinfo_harness.py -- dtypes
 float32, bfloat16, int64, bool; kinds forward, grad, noncontig, out -- and
 prints, per dtype and kind, how many ops passed / failed / were skipped (the
-skip file tests/python/opinfo_skips.py). Cases that do not exist (dtype not
+skip file tests/python/helpers/opinfo_skips.py). Cases that do not exist (dtype not
 supported by the op, no out= variant, no autograd) are not counted. Writes the
 same figures plus every failure to conformance.json.
 
@@ -12,7 +12,7 @@ Cases run in a worker process; one that crashes it or runs past --timeout
 seconds is recorded as failed and a fresh worker continues with the next case.
 
     python scripts/conformance.py                 # whole matrix
-    python scripts/conformance.py --ci            # the CI shard (test_opinfo.py default)
+    python scripts/conformance.py --ci            # the CI shard (tests/python/ops/test_opinfo.py default)
     python scripts/conformance.py --ops add,mul --kinds forward,out --no-skips
 """
 
@@ -30,7 +30,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests", "python")
-sys.path.insert(0, TESTS)
+sys.path.insert(0, TESTS)  # the test helpers package: helpers.opinfo_harness
 
 
 # ------------------------------------------------------------------ worker
@@ -38,7 +38,7 @@ sys.path.insert(0, TESTS)
 def worker(result_fd: int) -> None:
     """Reads one JSON case per stdin line, writes one JSON result per line to result_fd."""
     import torch_tpu  # noqa: F401  (also when TORCH_DEVICE_BACKEND_AUTOLOAD=0)
-    import opinfo_harness as H
+    from helpers import opinfo_harness as H
 
     skips = None if os.environ.get("CONFORMANCE_NO_SKIPS") else H.load_skips()
     out = os.fdopen(result_fd, "w", buffering=1)
@@ -145,7 +145,7 @@ def main(argv=None):
     # The parent only needs the case lists: it does not load torch_tpu (workers do).
     worker_env_autoload = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
     os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-    import opinfo_harness as H
+    from helpers import opinfo_harness as H
     if worker_env_autoload is None:
         del os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"]
     else:

@@ -9,6 +9,8 @@ memory figures of one test file are not disturbed by another:
 - tpu:0..tpu:3  general work (copies, streams, random, autograd)
 - tpu:5         test_memory.py only (it asserts absolute figures there)
 - tpu:6         test_errors.py's out-of-memory checks
+
+The marker and the device numbers live in helpers/devices.py, with the other shared helpers.
 """
 
 import json
@@ -25,26 +27,6 @@ import torch
 # without them unless a test sets them explicitly.
 _BACKEND_ENV_PREFIXES = ("TORCH_TPU_", "TPU_")
 _BACKEND_ENV_NAMES = ("TORCH_DEVICE_BACKEND_AUTOLOAD",)
-
-MEMORY_DEVICE = 5
-OOM_DEVICE = 6
-
-
-def _default_environment():
-    try:
-        return (torch.tpu.is_available() and torch.tpu.device_count() == 8
-                and torch.tpu.topology()["name"] == "v6e-8")
-    except Exception:  # noqa: BLE001  (a bad topology makes device_count raise)
-        return False
-
-
-# Most tests assume the default slice (v6e-8, 8 visible chips, 32 GiB of HBM per chip);
-# under another environment they are skipped rather than failed.
-needs_v6e_8 = pytest.mark.skipif(
-    not _default_environment(),
-    reason="expects the default topology v6e-8 with 8 visible chips: unset TORCH_TPU_TOPOLOGY, "
-           "TPU_ACCELERATOR_TYPE, TPU_VISIBLE_CHIPS and TORCH_TPU_HBM_BYTES")
-
 
 @pytest.fixture(autouse=True)
 def _clean_device_state():

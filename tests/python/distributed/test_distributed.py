@@ -7,7 +7,7 @@ group; the tests below assert the checks of one collective family each.
 
 import pytest
 
-from dist_helpers import run_scenario, segments
+from helpers.dist import run_scenario, segments
 
 FAMILIES = [
     "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",

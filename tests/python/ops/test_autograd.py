@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from conftest import needs_v6e_8
+from helpers.devices import needs_v6e_8
 
 pytestmark = needs_v6e_8
 

@@ -1,6 +1,6 @@
 """One rank of a tpu_dist test scenario: ``python dist_worker.py <scenario> <outdir>``.
 
-Launched by tests/python/dist_helpers.py with RANK, WORLD_SIZE, MASTER_ADDR and
+Launched by tests/python/helpers/dist.py with RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT set. Each scenario writes ``<outdir>/rank<r>.json`` with its results:
 for check batteries ``{"checks": {name: "ok" | error text}}``.
 """

@@ -13,15 +13,15 @@ import sys
 
 import pytest
 
-from dist_helpers import clean_env, segments
+from helpers.dist import clean_env, segments
+from helpers.paths import REPO_ROOT
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMON = ["--model-size", "tiny", "--batch-size", "8", "--seq-len", "32", "--eval-batches", "2",
           "--sample-tokens", "8", "--warmup", "1", "--dtype", "fp32", "--eval-every", "1"]
 
 
 def _run(cmd, timeout=120):
-    return subprocess.run([sys.executable, *cmd], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+    return subprocess.run([sys.executable, *cmd], cwd=REPO_ROOT, env=clean_env(), capture_output=True, text=True,
                           timeout=timeout)
 
 

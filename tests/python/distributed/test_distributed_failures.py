@@ -2,7 +2,7 @@
 
 import os
 
-from dist_helpers import clean_env, run_scenario, segments
+from helpers.dist import clean_env, run_scenario, segments
 
 
 def _statuses_ok(status, ranks):

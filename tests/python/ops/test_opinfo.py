@@ -12,19 +12,17 @@ float32, bfloat16, int64, bool x kinds forward, grad (float32), noncontig, out.
 crash- and hang-isolated workers and prints passed/failed/skipped per dtype and
 kind.
 
-Skipped cases and their reasons live in one file: tests/python/opinfo_skips.py.
+Skipped cases and their reasons live in one file: tests/python/helpers/opinfo_skips.py.
 """
 
 import os
-import sys
 
 import pytest
 import torch
 import torch_tpu  # noqa: F401
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import opinfo_harness as H  # noqa: E402
-from opinfo_skips import SKIPS  # noqa: E402
+from helpers import opinfo_harness as H
+from helpers.opinfo_skips import SKIPS
 
 FULL = os.environ.get("TORCH_TPU_CONFORMANCE", "") == "full"
 CASES = H.full_cases() if FULL else H.ci_cases()

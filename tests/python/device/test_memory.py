@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from conftest import MEMORY_DEVICE, needs_v6e_8
+from helpers.devices import MEMORY_DEVICE, needs_v6e_8
 
 pytestmark = needs_v6e_8
 

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 
 import torch_tpu
-from conftest import needs_v6e_8
-from dist_helpers import WORKER, clean_env, segments
+from helpers.devices import needs_v6e_8
+from helpers.dist import WORKER, clean_env, segments
 
 
 def test_backend_registered_for_tpu():

@@ -28,16 +28,12 @@ flushes what it recorded, and run_case's synchronize and host reads flush
 inside the block.
 """
 
-import os
-import sys
-
 import pytest
 import torch
 import torch_tpu
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import opinfo_harness as H  # noqa: E402
-from opinfo_skips import MODE_SKIPS, SKIPS  # noqa: E402
+from helpers import opinfo_harness as H
+from helpers.opinfo_skips import MODE_SKIPS, SKIPS
 
 # variant: (eager mode, single-op regions run ATen's kernel, kinds run in float32)
 VARIANTS = {

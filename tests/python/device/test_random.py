@@ -8,7 +8,7 @@ generator seeded with s produces: that is the oracle here.
 import pytest
 import torch
 
-from conftest import needs_v6e_8
+from helpers.devices import needs_v6e_8
 
 pytestmark = needs_v6e_8
 

@@ -8,7 +8,7 @@ makes asynchrony and ordering checkable without timing assumptions.
 import pytest
 import torch
 
-from conftest import needs_v6e_8
+from helpers.devices import needs_v6e_8
 
 # Asynchrony and sticky errors are properties of the "strict" eager mode.
 pytestmark = [needs_v6e_8, pytest.mark.usefixtures("strict_mode")]

@@ -7,7 +7,7 @@ import torch_tpu
 import torch_tpu._loader
 import torch_tpu.api
 
-from conftest import needs_v6e_8
+from helpers.devices import needs_v6e_8
 
 pytestmark = needs_v6e_8
 

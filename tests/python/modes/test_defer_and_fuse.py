@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import torch_tpu
 import torch_tpu.debug as tdebug
 
-from conftest import needs_v6e_8
+from helpers.devices import needs_v6e_8
 
 pytestmark = needs_v6e_8
 

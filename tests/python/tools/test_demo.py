@@ -18,7 +18,8 @@ import torch
 from torch_tpu.demo import data
 from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers.paths import REPO_ROOT
+
 TINY = ["--model-size", "tiny", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "2",
         "--sample-tokens", "8", "--warmup", "1"]
 
@@ -32,7 +33,7 @@ def _env(extra=None):
 
 def demo(*args, env=None, timeout=120):
     """Run ``python -m torch_tpu.demo *args``; returns the CompletedProcess (text)."""
-    return subprocess.run([sys.executable, "-m", "torch_tpu.demo", *map(str, args)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "torch_tpu.demo", *map(str, args)], cwd=REPO_ROOT,
                           env=_env(env), capture_output=True, text=True, timeout=timeout)
 
 
@@ -160,7 +161,7 @@ def test_ctrl_c_saves_and_resume_matches_uninterrupted(full_run, corpus_dir, tmp
     args = ["--corpus", corpus_dir, "--out", tmp_path, "--steps", 3, "--eval-every", 1, "--checkpoint-every", 100,
             "--topology", "v5p-8", *TINY]
     # TORCH_TPU_TOPOLOGY equal to --topology: no re-exec, so the patched child stays in charge.
-    p = subprocess.run([sys.executable, "-c", _INTERRUPT_AFTER_FIRST_EVAL, *map(str, args)], cwd=REPO,
+    p = subprocess.run([sys.executable, "-c", _INTERRUPT_AFTER_FIRST_EVAL, *map(str, args)], cwd=REPO_ROOT,
                        env=_env({"TORCH_TPU_TOPOLOGY": "v5p-8"}), capture_output=True, text=True, timeout=120)
     assert p.returncode == 130, p.stderr[-3000:]
     assert "interrupted at step 1: checkpoint saved" in p.stdout

@@ -1,4 +1,4 @@
-"""Launch tpu_dist test scenarios (tests/python/dist_worker.py) as one process per rank."""
+"""Launch tpu_dist test scenarios (tests/python/helpers/dist_worker.py) as one process per rank."""
 
 import json
 import os

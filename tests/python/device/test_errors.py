@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from conftest import OOM_DEVICE, needs_v6e_8
+from helpers.devices import OOM_DEVICE, needs_v6e_8
 
 pytestmark = needs_v6e_8
 

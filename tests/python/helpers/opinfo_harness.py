@@ -1,6 +1,6 @@
 """OpInfo conformance: runs PyTorch's ``op_db`` sample inputs on ``tpu`` against CPU.
 
-Shared by ``tests/python/test_opinfo.py`` (pytest: the CI shard, or the whole
+Shared by ``tests/python/ops/test_opinfo.py`` (pytest: the CI shard, or the whole
 matrix with TORCH_TPU_CONFORMANCE=full) and ``scripts/conformance.py`` (the
 whole matrix in crash/hang-isolated workers, figures per dtype and kind).
 
@@ -132,10 +132,7 @@ def is_random(op: OpInfo) -> bool:
 # ---------------------------------------------------------------- skips
 
 def load_skips() -> dict:
-    try:
-        from opinfo_skips import SKIPS  # tests/python on sys.path (pytest rootdir / script)
-    except ImportError:  # pragma: no cover - imported as a package
-        from .opinfo_skips import SKIPS  # type: ignore
+    from helpers.opinfo_skips import SKIPS
     return SKIPS
 
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from dist_helpers import WORKER, clean_env, free_port, run_scenario, segments
+from helpers.dist import WORKER, clean_env, free_port, run_scenario, segments
 
 
 def _ip(*args, ns=None, check=True):

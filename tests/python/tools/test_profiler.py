@@ -19,7 +19,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import torch_tpu
 import torch_tpu.profiler as tpu_profiler
-from conftest import needs_v6e_8
+from helpers.devices import needs_v6e_8
 
 pytestmark = needs_v6e_8
 
@@ -307,7 +307,7 @@ def test_tpu_dist_all_reduce_in_each_ranks_trace(tmp_path):
     import subprocess
     import sys
 
-    from dist_helpers import clean_env
+    from helpers.dist import clean_env
 
     procs = [subprocess.Popen([sys.executable, "-c", _DIST_SCRIPT, str(r), str(tmp_path / "store"),
                                str(tmp_path / f"rank{r}.json")], env=clean_env(),
