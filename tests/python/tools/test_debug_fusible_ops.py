@@ -7,7 +7,7 @@ import torch.nn.functional as F
 import torch_tpu
 import torch_tpu.debug as tdebug
 
-from conftest import needs_v6e_8
+from helpers.devices import needs_v6e_8
 
 
 def _recorded(fn, *args):
