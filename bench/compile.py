@@ -50,7 +50,7 @@ def sync(device):
 
 
 def gpt_setup(device, compiled, backend, args):
-    from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS, make_optimizer
+    from torch_tpu.estimate.models.gpt import GPT, PRESETS, GPTConfig, make_optimizer
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(seq_len=args.seq_len, **PRESETS[args.model_size])).to(device)
@@ -187,10 +187,10 @@ def main():
             "tpu compile s cold / warm (backend part)", "inductor compile s"]
     rows = []
     for w, r in results.items():
-        def ms(side):
+        def ms(side, r=r):
             return r[side]["median_s"] * 1e3 if side in r else float("nan")
 
-        def ratio(a, b):
+        def ratio(a, b, r=r):
             return ms(a) / ms(b) if a in r and b in r else float("nan")
 
         tc = r.get("tpu-compile", {})

@@ -17,10 +17,10 @@ import time
 from contextlib import nullcontext
 
 import torch
-import torch_tpu  # noqa: F401
 
+import torch_tpu  # noqa: F401
 from torch_tpu.demo.loop import DEFAULTS
-from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS, make_optimizer
+from torch_tpu.estimate.models.gpt import GPT, PRESETS, GPTConfig, make_optimizer
 
 
 def time_steps(device: str, args) -> list:

@@ -15,6 +15,7 @@ import statistics
 import time
 
 import torch
+
 import torch_tpu  # noqa: F401
 
 
@@ -51,10 +52,10 @@ def main() -> None:
         pinned = src.pin_memory()
         host_dst = torch.empty_like(src)
         dev = torch.empty(nbytes // 4, device="tpu")
-        cpu = timeit(lambda: host_dst.copy_(src), reps)
-        h2d = timeit(lambda: dev.copy_(src), reps, sync)
-        h2d_pinned = timeit(lambda: dev.copy_(pinned, non_blocking=True), reps, sync)
-        d2h = timeit(lambda: host_dst.copy_(dev), reps)
+        cpu = timeit(lambda: host_dst.copy_(src), reps)  # noqa: B023  (timed before the loop moves on)
+        h2d = timeit(lambda: dev.copy_(src), reps, sync)  # noqa: B023
+        h2d_pinned = timeit(lambda: dev.copy_(pinned, non_blocking=True), reps, sync)  # noqa: B023
+        d2h = timeit(lambda: host_dst.copy_(dev), reps)  # noqa: B023
         rows.append((f"host->device copy_ {label}", h2d, cpu))
         rows.append((f"host->device copy_ {label} pinned, non_blocking", h2d_pinned, cpu))
         rows.append((f"device->host copy_ {label}", d2h, cpu))

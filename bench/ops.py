@@ -12,6 +12,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+
 import torch_tpu  # noqa: F401
 
 
@@ -36,7 +37,8 @@ def ops(n: int):
         ("softmax", lambda a: a.softmax(-1), lambda d: (sq(d),)),
         ("layer_norm", lambda a: F.layer_norm(a, (n,)), lambda d: (sq(d),)),
         ("embedding", F.embedding, lambda d: (torch.randint(0, n, (n,), device=d), sq(d))),
-        ("index_select", lambda a, i: a.index_select(0, i), lambda d: (sq(d), torch.randint(0, n, (n // 2,), device=d))),
+        ("index_select", lambda a, i: a.index_select(0, i),
+         lambda d: (sq(d), torch.randint(0, n, (n // 2,), device=d))),
         ("gather", lambda a, i: a.gather(1, i), lambda d: (sq(d), torch.randint(0, n, (n, 4), device=d))),
         ("transpose+contiguous", lambda a: a.t().contiguous(), lambda d: (sq(d),)),
         ("cat", lambda a, b: torch.cat([a, b]), lambda d: (sq(d), sq(d))),

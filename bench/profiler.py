@@ -12,8 +12,9 @@ import argparse
 import time
 
 import torch
-import torch_tpu  # noqa: F401
 from torch.profiler import ProfilerActivity, profile
+
+import torch_tpu  # noqa: F401
 
 
 def main():

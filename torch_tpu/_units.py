@@ -6,14 +6,13 @@ No imports: torch.tpu, the demo and the estimator all format with it.
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 _FACTOR = {"B": 1, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _SIZE_RE = re.compile(r"\s*([\d.]+)\s*(bytes|B|KiB|MiB|GiB|TiB)")
 
 
-def format_bytes(n: Optional[float], digits: int = 1) -> str:
+def format_bytes(n: float | None, digits: int = 1) -> str:
     """``n`` bytes in the largest unit that keeps it under 1024 (up to TiB), e.g. ``1.5 MiB``;
     whole bytes below 1 KiB; ``?`` for None."""
     if n is None:
@@ -26,7 +25,7 @@ def format_bytes(n: Optional[float], digits: int = 1) -> str:
             return f"{n:.{digits}f} {unit}"
 
 
-def parse_bytes(text: str) -> Optional[int]:
+def parse_bytes(text: str) -> int | None:
     """The byte count at the start of ``text`` such as ``64.00 MiB`` or ``512 bytes``; None if none."""
     m = _SIZE_RE.match(text)
     return int(float(m.group(1)) * _FACTOR[m.group(2)]) if m else None

@@ -23,7 +23,7 @@
 """
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from . import _C
 

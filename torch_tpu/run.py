@@ -28,7 +28,6 @@ import socket
 import subprocess
 import sys
 import time
-from typing import List, Optional
 
 
 def _free_port() -> int:
@@ -48,7 +47,7 @@ def _default_nproc() -> int:
         return 1
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line of the launcher (see the module docstring)."""
     p = argparse.ArgumentParser(prog="python -m torch_tpu.run", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -100,12 +99,12 @@ def rank_environment(args: argparse.Namespace, local_rank: int, port: int) -> di
     return env
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Starts the processes, waits for them, tears all down when one fails. Returns the exit code."""
     args = parse_args(argv)
     port = args.master_port or _free_port()
     command = [sys.executable] + (["-m", args.target] if args.module else [args.target]) + list(args.args)
-    procs: List[subprocess.Popen] = []
+    procs: list[subprocess.Popen] = []
     for local_rank in range(args.nproc_per_node):
         procs.append(subprocess.Popen(command, env=rank_environment(args, local_rank, port)))
 

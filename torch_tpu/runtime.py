@@ -1,11 +1,10 @@
 """Runtime reports of the vTPU."""
 
-from typing import Dict, List
 
 from . import _C
 
 
-def unsupported_on_tpu() -> Dict[str, Dict[str, int]]:
+def unsupported_on_tpu() -> dict[str, dict[str, int]]:
     """Operators this process ran with dtypes a real TPU has no units for.
 
     Returns ``{op: {dtype: calls}}``, e.g. ``{"aten::add.Tensor": {"Double": 3}}``.
@@ -28,7 +27,7 @@ def _index(device) -> int:
     return _device_index(device) if device is not None else torch.tpu.current_device()
 
 
-def stats(device=None) -> Dict[str, object]:
+def stats(device=None) -> dict[str, object]:
     """Execution counters of a chip since start or :func:`reset_stats`.
 
     Keys: ``ops`` (ops issued), ``flops`` (torch.utils.flop_counter conventions),
@@ -60,7 +59,7 @@ def reset_stats(device=None) -> None:
     _C._reset_stats(_index(device))
 
 
-def generations() -> List[Dict[str, object]]:
+def generations() -> list[dict[str, object]]:
     """The generation table (v4, v5e, v5p, v6e, tpu7x): peak bf16 FLOP/s, HBM bytes and
     bandwidth (bytes/s), VMEM, MXU size and count, TensorCores, ICI links and per-link
     bandwidth (bytes/s), torus dimensions, chips per host. Sources are in csrc/vtpu/spec.cc."""

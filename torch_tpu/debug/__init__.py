@@ -8,8 +8,6 @@ the fusion plan as comments. ``python -m torch_tpu.debug --fusible-ops`` prints
 :func:`fusible_ops`.
 """
 
-from typing import Dict, Union
-
 import torch
 
 from .. import _C
@@ -17,7 +15,7 @@ from .. import _C
 __all__ = ["region_stats", "reset_region_stats", "flush", "pending_ops", "fusible_ops"]
 
 
-def region_stats() -> Dict[str, Union[int, Dict[str, int]]]:
+def region_stats() -> dict[str, int | dict[str, int]]:
     """Counters of ``defer_and_fuse``, all processes' chips together.
 
     Keys:

@@ -96,6 +96,7 @@ def main(argv=None) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "torch_tpu.demo", *argv])
 
     import torch  # noqa: F401
+
     import torch_tpu
 
     if args.mode not in ("strict", "compile"):  # compile: strict eager around the compiled programs

@@ -15,7 +15,6 @@ import hashlib
 import os
 import sysconfig
 from dataclasses import dataclass
-from typing import List, Tuple
 
 import numpy as np
 import torch
@@ -35,7 +34,7 @@ def default_corpus() -> str:
     return sysconfig.get_paths()["stdlib"]
 
 
-def list_source_files(root: str) -> List[str]:
+def list_source_files(root: str) -> list[str]:
     """Relative POSIX paths of the ``*.py`` files under ``root``, sorted.
 
     Skips ``site-packages``, ``dist-packages`` and ``__pycache__`` (installed
@@ -63,7 +62,7 @@ def is_validation(rel_path: str, val_fraction: float) -> bool:
     return h < val_fraction * 65536
 
 
-def split_files(paths: List[str], val_fraction: float) -> Tuple[List[str], List[str]]:
+def split_files(paths: list[str], val_fraction: float) -> tuple[list[str], list[str]]:
     """``(train, val)`` lists of relative paths, each in the order of ``paths``.
 
     When the hash puts every file on one side (tiny corpora), the last file (in
@@ -101,8 +100,8 @@ class Corpus:
     """Both splits as byte streams (uint8 tensors on the host) and what they came from."""
 
     root: str
-    train_files: List[str]
-    val_files: List[str]
+    train_files: list[str]
+    val_files: list[str]
     train: torch.Tensor  # uint8 [N_train]: the train files concatenated, in sorted path order
     val: torch.Tensor  # uint8 [N_val]
     unigram_nats: float  # entropy of the train split's byte distribution, nats per byte
@@ -113,7 +112,7 @@ class Corpus:
                 f"byte unigram entropy {self.unigram_nats:.3f} nats")
 
 
-def _read_concat(root: str, files: List[str]) -> np.ndarray:
+def _read_concat(root: str, files: list[str]) -> np.ndarray:
     chunks = []
     for rel in files:
         with open(os.path.join(root, rel), "rb") as f:
@@ -146,7 +145,7 @@ def batch_generator(seed: int, step: int, stream: int = 0) -> torch.Generator:
 
 
 def get_batch(tokens: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator
-              ) -> Tuple[torch.Tensor, torch.Tensor]:
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """``batch_size`` random windows of ``tokens`` (uint8 [N]): inputs and next-token targets.
 
     Returns ``(x, y)``, int64 [batch_size, seq_len] each, on the host, with

@@ -17,8 +17,6 @@ table, ``torch_tpu.runtime.generations()`` (sources in csrc/vtpu/spec.cc).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
-
 import torch
 
 import torch_tpu.runtime
@@ -34,7 +32,7 @@ _ADDITIVE = ("ops", "host_seconds", "flops", "bytes_read", "bytes_written", "dev
              "mxu_seconds", "vpu_seconds", "hbm_seconds", "overhead_seconds", "ici_seconds", "ici_bytes")
 
 
-def generation_specs() -> Dict[str, dict]:
+def generation_specs() -> dict[str, dict]:
     """``{generation: spec}`` from the runtime's generation table (peak_bf16_flops in FLOP/s,
     hbm_bytes in bytes per chip, ...)."""
     return {g["generation"]: dict(g) for g in torch_tpu.runtime.generations()}
@@ -49,10 +47,10 @@ class StatsWindow:
     """
 
     def __init__(self):
-        self.total: Dict[str, float] = {k: 0.0 for k in _ADDITIVE}
-        self.by_generation: Dict[str, float] = {}
+        self.total: dict[str, float] = {k: 0.0 for k in _ADDITIVE}
+        self.by_generation: dict[str, float] = {}
         self.steps = 0
-        self._mark: Optional[dict] = None
+        self._mark: dict | None = None
 
     @staticmethod
     def _read() -> dict:
@@ -76,8 +74,8 @@ class StatsWindow:
         self.steps += steps
 
 
-def build(window: StatsWindow, specs: Dict[str, dict], *, generation: str, params: int,
-          tokens_per_step: int, hbm_peak_bytes: int, host_step_seconds: Optional[float] = None) -> dict:
+def build(window: StatsWindow, specs: dict[str, dict], *, generation: str, params: int,
+          tokens_per_step: int, hbm_peak_bytes: int, host_step_seconds: float | None = None) -> dict:
     """The ``estimate`` object of the demo's final JSON line.
 
     ``params``: model parameters; ``tokens_per_step``: batch_size * seq_len;
@@ -87,7 +85,7 @@ def build(window: StatsWindow, specs: Dict[str, dict], *, generation: str, param
     """
     steps = max(window.steps, 1)
     model_flops = dense_flops_per_token(params) * tokens_per_step  # FLOPs per training step
-    gens: List[str] = [generation] + [g for g in COMPARED_GENERATIONS if g != generation]
+    gens: list[str] = [generation] + [g for g in COMPARED_GENERATIONS if g != generation]
     per_gen = {}
     for g in gens:
         spec = specs.get(g)

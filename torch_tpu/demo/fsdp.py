@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -38,7 +37,7 @@ LATEST_DCP = "latest-dcp"  # text file in --out naming the newest complete DCP c
 META = "demo.json"  # inside a DCP folder; its presence marks the save as complete
 
 
-def _world() -> Tuple[int, int, int]:
+def _world() -> tuple[int, int, int]:
     try:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", "0"))
     except KeyError:
@@ -46,7 +45,7 @@ def _world() -> Tuple[int, int, int]:
                         "`python -m torch_tpu.run -n 4 -m torch_tpu.demo --fsdp ...` (or torchrun)", 2) from None
 
 
-def list_dcp_checkpoints(out: str) -> List[Tuple[int, str]]:
+def list_dcp_checkpoints(out: str) -> list[tuple[int, str]]:
     """``[(step, folder)]`` of complete DCP checkpoints (``dcp-<step>/demo.json``) in ``out``, newest first."""
     if not os.path.isdir(out):
         return []
@@ -136,7 +135,7 @@ class FSDPJob(loop.Job):
     def describe_batch(self, args) -> str:
         return f"{args.batch_size // self.world} x {args.seq_len} tokens per rank, FSDP2 over {self.world} ranks"
 
-    def find_checkpoint(self, out: str) -> Optional[Tuple[dict, str]]:
+    def find_checkpoint(self, out: str) -> tuple[dict, str] | None:
         found = list_dcp_checkpoints(out)
         if not found:
             return None
@@ -147,7 +146,7 @@ class FSDPJob(loop.Job):
     def place(self, model: GPT) -> GPT:
         return shard_model(model.to(self.device))
 
-    def load(self, resumed: Tuple[dict, str], model, opt) -> None:
+    def load(self, resumed: tuple[dict, str], model, opt) -> None:
         path = resumed[1]
         try:
             load_dcp(path, model, opt)
@@ -166,7 +165,7 @@ class FSDPJob(loop.Job):
         dist.all_reduce(t, op=dist.ReduceOp.AVG)
         return float(t.item())
 
-    def step_result(self, loss: torch.Tensor, stop: bool) -> Tuple[float, bool]:
+    def step_result(self, loss: torch.Tensor, stop: bool) -> tuple[float, bool]:
         # The gradients were reduce-scattered in backward (FSDP2: mean over ranks); one collective
         # here for the loss of the global batch and the stop vote.
         both = torch.stack([loss.detach().float(), torch.tensor(float(stop), device=self.device)])

@@ -20,7 +20,6 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from typing import Optional, Tuple
 
 import torch
 
@@ -76,7 +75,7 @@ class Job:
     def describe_batch(self, args: argparse.Namespace) -> str:
         return f"{args.batch_size} x {args.seq_len} tokens"
 
-    def find_checkpoint(self, out: str) -> Optional[Tuple[dict, str]]:
+    def find_checkpoint(self, out: str) -> tuple[dict, str] | None:
         """``(meta, path)`` of the newest usable checkpoint in ``out`` (meta: ``step``, ``run``,
         ``model_config``), or None."""
         raise NotImplementedError
@@ -85,7 +84,7 @@ class Job:
         """The model on this job's device(s)."""
         return model.to(self.device)
 
-    def load(self, resumed: Tuple[dict, str], model: GPT, opt: torch.optim.Optimizer) -> None:
+    def load(self, resumed: tuple[dict, str], model: GPT, opt: torch.optim.Optimizer) -> None:
         raise NotImplementedError
 
     def fresh_start(self, out: str) -> None:
@@ -103,7 +102,7 @@ class Job:
         """``value`` averaged over the ranks."""
         return value
 
-    def step_result(self, loss: torch.Tensor, stop: bool) -> Tuple[float, bool]:
+    def step_result(self, loss: torch.Tensor, stop: bool) -> tuple[float, bool]:
         """The global batch's loss and whether to stop (the ranks' vote when ``votes_to_stop``)."""
         return loss.item(), False  # waits for the step's work, so the caller's clock times the whole step
 
@@ -196,7 +195,7 @@ def log_event(out: str, event: dict) -> None:
         f.write(json.dumps(event) + "\n")
 
 
-def _resume(args: argparse.Namespace, job: Job) -> Optional[Tuple[dict, str]]:
+def _resume(args: argparse.Namespace, job: Job) -> tuple[dict, str] | None:
     """The checkpoint to resume (``--resume``), its run settings copied into ``args``, then the
     defaults filled in."""
     resumed = None
@@ -282,7 +281,7 @@ def _train(args, job: Job, corpus, model: GPT, cfg: GPTConfig, params: int, resu
         path = job.save(args.out, step, model, opt, meta)
         event({"event": "checkpoint", "step": step, "path": path})
 
-    def one_step(step: int, lr: float, stop: bool) -> Tuple[float, bool]:
+    def one_step(step: int, lr: float, stop: bool) -> tuple[float, bool]:
         """One optimizer step on this process's rows of the batch of ``step``; returns the batch's
         training loss (nats/byte) and whether to stop."""
         x, y = data.train_batch(corpus, args.batch_size, args.seq_len, args.seed, step)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from typing import List, Optional, Tuple
 
 import torch
 
@@ -35,7 +34,7 @@ def checkpoint_path(out: str, step: int) -> str:
     return os.path.join(out, f"ckpt-{step:07d}.pt")
 
 
-def list_checkpoints(out: str) -> List[Tuple[int, str]]:
+def list_checkpoints(out: str) -> list[tuple[int, str]]:
     """``[(step, path)]`` of the ``ckpt-<step>.pt`` files in ``out``, newest first."""
     if not os.path.isdir(out):
         return []
@@ -60,7 +59,7 @@ def _atomic_write(path: str, write) -> None:
             os.remove(tmp)
 
 
-def save_checkpoint(out: str, state: dict, keep: List[str]) -> str:
+def save_checkpoint(out: str, state: dict, keep: list[str]) -> str:
     """Write ``state`` to ``out/ckpt-<step>.pt`` atomically (temporary file, then ``os.replace``),
     point ``out/latest`` at it, and delete other checkpoints except those in ``keep``.
     Returns the new path."""
@@ -85,7 +84,7 @@ def _load_one(path: str) -> dict:
     return state
 
 
-def load_latest_checkpoint(out: str, log=print) -> Optional[Tuple[dict, str]]:
+def load_latest_checkpoint(out: str, log=print) -> tuple[dict, str] | None:
     """The newest loadable checkpoint of ``out`` as ``(state, path)``; None if ``out`` has none.
 
     Tries the file named by ``out/latest`` first, then the others newest first. A
@@ -123,12 +122,12 @@ class SingleChip(loop.Job):
 
     def __init__(self, device: torch.device, topo: dict):
         super().__init__(device, topo)
-        self.lineage: List[str] = []  # checkpoints of this run kept on disk (the previous one survives a save)
+        self.lineage: list[str] = []  # checkpoints of this run kept on disk (the previous one survives a save)
 
-    def find_checkpoint(self, out: str) -> Optional[Tuple[dict, str]]:
+    def find_checkpoint(self, out: str) -> tuple[dict, str] | None:
         return load_latest_checkpoint(out, log=self.log)
 
-    def load(self, resumed: Tuple[dict, str], model, opt) -> None:
+    def load(self, resumed: tuple[dict, str], model, opt) -> None:
         state, path = resumed
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import List
 
-import torch
 import torch.distributed as dist
 
 from .. import _C
@@ -113,7 +111,7 @@ def is_tpu_dist(group=None) -> bool:
     return str(backend) in (BACKEND_NAME,) + ALIASES
 
 
-def leftover_segments() -> List[str]:
+def leftover_segments() -> list[str]:
     """Names of tpu_dist shared-memory segments present in /dev/shm on this host.
 
     Segments are unlinked as soon as every rank of a group has mapped them, so

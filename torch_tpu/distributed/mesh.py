@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 import os
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 
 from .. import _C
 
 
-def rank_chips(world_size: int, local_world_size: Optional[int] = None) -> List[int]:
+def rank_chips(world_size: int, local_world_size: int | None = None) -> list[int]:
     """Global chip id of each rank, for ranks launched one per chip and host by host.
 
     Rank ``r`` runs on host ``r // local_world_size`` as ``tpu:(r % local_world_size)``,
@@ -35,7 +35,7 @@ def rank_chips(world_size: int, local_world_size: Optional[int] = None) -> List[
     return chips
 
 
-def _assign(mesh_shape: Sequence[int], extents: List[int]) -> List[List[Tuple[int, int, int]]]:
+def _assign(mesh_shape: Sequence[int], extents: list[int]) -> list[list[tuple[int, int, int]]]:
     """For each mesh axis, the physical pieces (axis, factor, stride) it walks.
 
     Mesh axes are placed innermost (last) first, so the last axis, usually the one with the
@@ -43,7 +43,7 @@ def _assign(mesh_shape: Sequence[int], extents: List[int]) -> List[List[Tuple[in
     """
     remaining = list(extents)
     used = [1] * len(extents)  # stride already taken on each physical axis
-    pieces: List[List[Tuple[int, int, int]]] = [[] for _ in mesh_shape]
+    pieces: list[list[tuple[int, int, int]]] = [[] for _ in mesh_shape]
     for i in reversed(range(len(mesh_shape))):
         m = mesh_shape[i]
         if m == 1:
@@ -78,7 +78,7 @@ def _assign(mesh_shape: Sequence[int], extents: List[int]) -> List[List[Tuple[in
     return pieces
 
 
-def topology_aware_mesh(mesh_shape: Sequence[int], world_size: Optional[int] = None) -> torch.Tensor:
+def topology_aware_mesh(mesh_shape: Sequence[int], world_size: int | None = None) -> torch.Tensor:
     """Rank layout for ``DeviceMesh`` whose axes follow physical ICI rings.
 
     Args:
@@ -137,7 +137,7 @@ def topology_aware_mesh(mesh_shape: Sequence[int], world_size: Optional[int] = N
     return out
 
 
-def init_topology_aware_device_mesh(mesh_shape: Sequence[int], mesh_dim_names: Optional[Sequence[str]] = None):
+def init_topology_aware_device_mesh(mesh_shape: Sequence[int], mesh_dim_names: Sequence[str] | None = None):
     """``DeviceMesh("tpu", topology_aware_mesh(mesh_shape), mesh_dim_names=...)`` (needs an
     initialised process group; see :func:`topology_aware_mesh`)."""
     from torch.distributed.device_mesh import DeviceMesh

@@ -7,8 +7,19 @@ without data or real memory (``python -m torch_tpu.estimate --help``).
   ``nn.Module`` factory, chip 0's share under data / FSDP / tensor parallelism.
 """
 
-from .core import (DRY_RUN_HBM, GENERATIONS, MODEL_NAMES, ModelSpec, check_plan, dry_run, estimate,  # noqa: F401
-                   model_spec, report, run, train_step)
+from .core import (  # noqa: F401
+                   DRY_RUN_HBM,
+                   GENERATIONS,
+                   MODEL_NAMES,
+                   ModelSpec,
+                   check_plan,
+                   dry_run,
+                   estimate,
+                   model_spec,
+                   report,
+                   run,
+                   train_step,
+)
 from .models import LLAMA_PRESETS, LlamaConfig, llama_config  # noqa: F401
 from .parallel import Parallelism  # noqa: F401
 

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import sys
-from typing import List, Optional
 
 from .._units import format_bytes
 
@@ -157,7 +156,7 @@ def plot(r: dict, path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     from .. import _C
@@ -193,7 +192,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
                 raise ValueError(f"--plot {args.plot}: the folder {folder} does not exist or is not writable")
     except (ValueError, json.JSONDecodeError, ImportError) as e:
-        raise SystemExit(f"torch_tpu.estimate: error: {e}")
+        raise SystemExit(f"torch_tpu.estimate: error: {e}") from None
 
     if os.environ.get(_MARK) != "1":
         env = dict(os.environ, TORCH_TPU_TOPOLOGY=args.topology, TORCH_TPU_HBM_BYTES=DRY_RUN_HBM, **{_MARK: "1"})
@@ -208,7 +207,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raw = run(spec, par, attention=args.attention, remat=args.remat, dtype=args.dtype,
                   loss_chunks=args.loss_chunks)
     except ValueError as e:  # a factory that raises or returns no nn.Module: its message, not a traceback
-        raise SystemExit(f"torch_tpu.estimate: error: {e}")
+        raise SystemExit(f"torch_tpu.estimate: error: {e}") from None
     r = report(spec, par, raw, topology=name, overlap=not args.no_overlap)
     print(format_table(r))
     if args.plot:

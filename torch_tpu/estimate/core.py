@@ -11,8 +11,8 @@ import contextlib
 import importlib
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn as nn
@@ -61,10 +61,10 @@ class ModelSpec:
 
     kind: str
     name: str
-    llama: Optional[M.LlamaConfig] = None
+    llama: M.LlamaConfig | None = None
     gpt_preset: str = "small"
-    factory: Optional[str] = None
-    factory_kwargs: Dict = field(default_factory=dict)
+    factory: str | None = None
+    factory_kwargs: dict = field(default_factory=dict)
     batch: int = 8      # global sequences per step
     seq_len: int = 128
     vocab_size: int = 256  # token ids of generated inputs are < this (GPT: its vocabulary)
@@ -73,8 +73,8 @@ class ModelSpec:
 MODEL_NAMES = tuple(M.LLAMA_PRESETS) + ("llama", "gpt-tiny", "gpt-small", "gpt-base")
 
 
-def model_spec(name: str, *, config_json: Optional[str] = None, batch: Optional[int] = None,
-               seq_len: Optional[int] = None, factory_kwargs: Optional[Dict] = None, **llama_overrides) -> ModelSpec:
+def model_spec(name: str, *, config_json: str | None = None, batch: int | None = None,
+               seq_len: int | None = None, factory_kwargs: dict | None = None, **llama_overrides) -> ModelSpec:
     """A ModelSpec from a model name: a Llama preset (``llama3-8b``, ...), ``llama`` (defaults
     + ``config_json`` + overrides: vocab_size, n_layers, d_model, n_heads, n_kv_heads,
     ffn_dim), ``gpt-tiny`` / ``gpt-small`` / ``gpt-base`` (the demo's GPT), or an import path
@@ -174,8 +174,8 @@ def _optimizer(spec: ModelSpec, model: nn.Module) -> torch.optim.Optimizer:
 
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               device: torch.device, amp: Optional[torch.dtype], after_backward: Callable[[], None] = lambda: None,
-               opt_step: Optional[Callable[[], None]] = None) -> torch.Tensor:
+               device: torch.device, amp: torch.dtype | None, after_backward: Callable[[], None] = lambda: None,
+               opt_step: Callable[[], None] | None = None) -> torch.Tensor:
     """One training step, the demo's (torch_tpu/demo/loop.py calls it): inputs moved to the device,
     forward under autocast (``amp``, None for none), backward, gradient clipping at 1.0,
     optimizer step (``opt_step``, default ``opt.step``; the demo's compile mode passes a compiled
@@ -259,7 +259,7 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
 
         def after_backward():
             if par.fsdp == 1:
-                price_dp_grads(model, coll)
+                price_dp_grads(model, coll)  # noqa: F821  (called by train_step, before `del model`)
             if spec.kind == "llama" and par.tp > 1:
                 # Vocabulary-parallel cross-entropy: max and sum-exp per token, all-reduced.
                 for _ in range(2):
@@ -376,7 +376,7 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
     }
 
 
-def estimate(model: str = "gpt-small", *, parallel: Optional[Parallelism] = None, attention: str = "flash",
+def estimate(model: str = "gpt-small", *, parallel: Parallelism | None = None, attention: str = "flash",
              remat: bool = False, dtype: str = "bf16", loss_chunks: int = 1, overlap: bool = True,
              **model_args) -> dict:
     """Dry-run estimate of one training step of ``model`` (see :func:`model_spec`; keyword

@@ -6,8 +6,6 @@ token forward, so a dense model costs 6·N per token (the 6·N·T rule, attentio
 
 from __future__ import annotations
 
-from typing import Optional
-
 from .models.gpt import PRESETS as GPT_PRESETS
 
 
@@ -35,8 +33,8 @@ def model_flops_per_token(spec, params: int, causal: bool = False) -> float:
     return dense_flops_per_token(params)
 
 
-def mfu(model_flops_per_step: float, step_time_s: Optional[float], peak_flops: float, chips: int = 1
-        ) -> Optional[float]:
+def mfu(model_flops_per_step: float, step_time_s: float | None, peak_flops: float, chips: int = 1
+        ) -> float | None:
     """Model FLOPs utilisation: the step's model FLOPs over what ``chips`` chips at ``peak_flops``
     (FLOP/s each) could do in ``step_time_s``; None without a step time."""
     if not step_time_s:

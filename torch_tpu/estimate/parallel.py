@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -57,7 +56,7 @@ class Parallelism:
         return self.dp * self.fsdp
 
 
-def _group_chips(par: Parallelism, slice_chips: int) -> Dict[str, List[int]]:
+def _group_chips(par: Parallelism, slice_chips: int) -> dict[str, list[int]]:
     """Global chip ids (in slice 0) of chip 0's tp, fsdp and dp groups: mesh
     (dp / slices, fsdp, tp) laid out by ``topology_aware_mesh`` (tp innermost)."""
     from ..distributed.mesh import rank_chips, topology_aware_mesh
@@ -85,7 +84,7 @@ class Collectives:
         self.groups = _group_chips(par, slice_chips)
         self.links = {axis: _C._tpu_dist_ring_links(chips) if len(chips) > 1 else 1
                       for axis, chips in self.groups.items()}
-        self.tally: Dict[Tuple[str, str], List[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0])
+        self.tally: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0])
 
     def size(self, axis: str) -> int:
         return {"tp": self.par.tp, "fsdp": self.par.fsdp, "dp": self.par.dp}[axis]
@@ -184,18 +183,18 @@ class FSDPUnit:
     """FSDP2-style sharding of the parameters ``module`` holds directly or through
     submodules that are not units themselves (``skip``). See the module docstring."""
 
-    def __init__(self, name: str, module: nn.Module, skip: List[nn.Module], coll: Collectives,
+    def __init__(self, name: str, module: nn.Module, skip: list[nn.Module], coll: Collectives,
                  compute_dtype: torch.dtype, reshard_after_forward: bool):
         self.name = name
         self.module = module
         self.coll = coll
         self.dtype = compute_dtype
         self.reshard = reshard_after_forward
-        self.full: Optional[torch.Tensor] = None
+        self.full: torch.Tensor | None = None
         skip_ids = {id(m) for m in skip}
-        self.entries: List[Tuple[nn.Module, str, int]] = []  # owner, name, index in unique
-        self.unique: List[Tuple[int, torch.Size]] = []       # (offset, shape) per distinct parameter
-        index: Dict[int, int] = {}
+        self.entries: list[tuple[nn.Module, str, int]] = []  # owner, name, index in unique
+        self.unique: list[tuple[int, torch.Size]] = []       # (offset, shape) per distinct parameter
+        index: dict[int, int] = {}
         total = 0
         stack = [module]
         while stack:
@@ -283,9 +282,9 @@ def _tensors(output):
     return []
 
 
-def layer_modules(model: nn.Module) -> List[Tuple[str, nn.Module]]:
+def layer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The units below the root: every element of every ``nn.ModuleList`` (outermost lists)."""
-    out: List[Tuple[str, nn.Module]] = []
+    out: list[tuple[str, nn.Module]] = []
     inside: set = set()
     for name, m in model.named_modules():
         if isinstance(m, nn.ModuleList) and id(m) not in inside:
@@ -296,7 +295,7 @@ def layer_modules(model: nn.Module) -> List[Tuple[str, nn.Module]]:
     return out
 
 
-def shard_model(model: nn.Module, coll: Collectives, compute_dtype: torch.dtype = torch.bfloat16) -> List[FSDPUnit]:
+def shard_model(model: nn.Module, coll: Collectives, compute_dtype: torch.dtype = torch.bfloat16) -> list[FSDPUnit]:
     """Replaces ``model``'s parameters by FSDP units' shards (meta tensors: call
     ``model.to_empty(device=...)`` afterwards). Returns the units, layers first, root last."""
     layers = layer_modules(model)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
@@ -46,7 +46,7 @@ __all__ = ["set_generation", "get_generation", "trace", "recorder_stats", "GENER
 GENERATIONS = tuple(g["generation"] for g in _C._generations())
 
 
-def set_generation(generation: Optional[str]) -> None:
+def set_generation(generation: str | None) -> None:
     """Chooses the TPU generation whose estimated time the device tracks show.
 
     Args:
@@ -88,8 +88,8 @@ def recorder_stats() -> dict:
 def trace(
     dir_name: str,
     *,
-    worker_name: Optional[str] = None,
-    generation: Optional[str] = None,
+    worker_name: str | None = None,
+    generation: str | None = None,
     record_shapes: bool = False,
     profile_memory: bool = False,
     with_stack: bool = False,

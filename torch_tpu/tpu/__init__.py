@@ -13,11 +13,13 @@ import contextlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 
 from .. import _C
+from . import _utils  # noqa: F401
+from ._utils import _device_index
 from .memory import (  # noqa: F401
     empty_cache,
     max_memory_allocated,
@@ -41,12 +43,10 @@ from .random import (  # noqa: F401
     set_rng_state,
     set_rng_state_all,
 )
-from . import _utils  # noqa: F401
-from ._utils import _device_index
 
 _initialized = False
 
-_DeviceLike = Union[torch.device, str, int, None]
+_DeviceLike = torch.device | str | int | None
 
 
 def init() -> None:
@@ -191,7 +191,7 @@ def set_stream(stream: torch.Stream) -> None:
 
 
 @contextlib.contextmanager
-def stream(stream: Optional[torch.Stream]):
+def stream(stream: torch.Stream | None):
     """Make ``stream`` the current stream of its device inside the block (None: no change)."""
     if stream is None:
         yield

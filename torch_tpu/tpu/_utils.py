@@ -1,11 +1,10 @@
 """Device-argument parsing shared by torch.tpu functions."""
 
-from typing import Optional, Union
 
 import torch
 
 
-def _device_index(device: Union[torch.device, str, int, None], optional: bool = False) -> Optional[int]:
+def _device_index(device: torch.device | str | int | None, optional: bool = False) -> int | None:
     """Index of a tpu device argument; None/"tpu" means the current device.
 
     Raises ValueError for a device of another type.

@@ -6,18 +6,18 @@ tensors occupy in the TPU's tiled layout. ``requested_bytes`` and
 """
 
 from collections import OrderedDict
-from typing import Any, Dict
+from typing import Any
 
 from .. import _C
 from .._units import format_bytes
 from ._utils import _device_index
 
 
-def _raw(device) -> Dict[str, int]:
+def _raw(device) -> dict[str, int]:
     return _C._memory_stats(_device_index(device))
 
 
-def memory_stats(device=None) -> Dict[str, Any]:
+def memory_stats(device=None) -> dict[str, Any]:
     """CUDA-style keys (``allocated_bytes.all.current``, ``reserved_bytes.all.peak``,
     ``num_alloc_retries``, ``num_ooms``, ...) plus ``physical_bytes.*``,
     ``logical_bytes.*``, ``capacity_bytes`` and ``largest_free_block``."""

@@ -4,7 +4,7 @@ Random ops run on the chip's stream; seeding waits for queued work first, so
 a seed applies exactly to the ops issued after it.
 """
 
-from typing import Iterable, List
+from collections.abc import Iterable
 
 import torch
 
@@ -71,7 +71,7 @@ def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
     _wait(_gen(device)).set_state(new_state.cpu())
 
 
-def get_rng_state_all() -> List[torch.Tensor]:
+def get_rng_state_all() -> list[torch.Tensor]:
     return [_wait(g).get_state() for g in default_generators]
 
 

@@ -6,7 +6,6 @@ import torch
 import torch_tpu
 import torch_tpu._loader
 import torch_tpu.api
-
 from helpers.devices import needs_v6e_8
 
 pytestmark = needs_v6e_8

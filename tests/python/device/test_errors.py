@@ -2,7 +2,6 @@
 process stays usable afterwards (checked by computing something and comparing it
 with CPU)."""
 
-import os
 import re
 
 import pytest

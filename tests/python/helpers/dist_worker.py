@@ -396,7 +396,7 @@ def scenario_ddp():
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(1)
     max_grad_diff = 0.0
-    for step in range(3):
+    for _step in range(3):
         x = torch.randn(8 * WORLD, 16, generator=g)
         y = torch.randn(8 * WORLD, 4, generator=g)
         local = slice(RANK * 8, (RANK + 1) * 8)
@@ -451,7 +451,7 @@ def scenario_fsdp():
     ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
     g = torch.Generator().manual_seed(2)
     losses, ref_losses = [], []
-    for step in range(steps):
+    for _step in range(steps):
         idx = torch.randint(0, 64, (4 * WORLD, 17), generator=g)
         x, y = idx[:, :-1], idx[:, 1:]
         local = slice(RANK * 4, (RANK + 1) * 4)

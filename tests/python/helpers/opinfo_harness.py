@@ -46,13 +46,14 @@ import time
 import traceback
 import warnings
 import zlib
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch.testing._internal import common_utils as _common_utils
 from torch.testing._internal.common_device_type import precisionOverride, toleranceOverride
-from torch.testing._internal.opinfo import core as _opinfo_core
 from torch.testing._internal.common_methods_invocations import op_db
+from torch.testing._internal.opinfo import core as _opinfo_core
 from torch.testing._internal.opinfo.core import DecorateInfo, OpInfo, SampleInput
 
 DEVICE = "tpu"
@@ -136,12 +137,12 @@ def load_skips() -> dict:
     return SKIPS
 
 
-def skip_reason(skips: dict, name: str, dtype: str, kind: str) -> Optional[str]:
+def skip_reason(skips: dict, name: str, dtype: str, kind: str) -> str | None:
     """The skip-file reason for this case, or None. Keys: (op, dtype or '*', kind)."""
     return skips.get((name, dtype, kind)) or skips.get((name, "*", kind))
 
 
-def applicable(op: OpInfo, dtype: str, kind: str) -> Optional[str]:
+def applicable(op: OpInfo, dtype: str, kind: str) -> str | None:
     """None when the case exists, else why it does not (not counted anywhere)."""
     dt = DTYPES[dtype]
     if dt not in op.supported_dtypes("cpu"):
@@ -160,7 +161,7 @@ def applicable(op: OpInfo, dtype: str, kind: str) -> Optional[str]:
 
 # ---------------------------------------------------------------- tolerances
 
-def _tol_from_decorator(dec: Any, dt: torch.dtype) -> Optional[tuple[float, float]]:
+def _tol_from_decorator(dec: Any, dt: torch.dtype) -> tuple[float, float] | None:
     if isinstance(dec, toleranceOverride) and dt in dec.d:
         return (dec.d[dt].rtol, dec.d[dt].atol)
     if isinstance(dec, precisionOverride) and dt in dec.d:
@@ -168,7 +169,7 @@ def _tol_from_decorator(dec: Any, dt: torch.dtype) -> Optional[tuple[float, floa
     return None
 
 
-def tolerance(op: OpInfo, dtype: str, kind: str) -> tuple[Optional[float], Optional[float], str]:
+def tolerance(op: OpInfo, dtype: str, kind: str) -> tuple[float | None, float | None, str]:
     """(rtol, atol, where-from) for a case; (None, None) means exact for integer/bool."""
     dt = DTYPES[dtype]
     if not dt.is_floating_point:
@@ -306,7 +307,7 @@ def _compare_random(a: torch.Tensor, e: torch.Tensor, path: str, heavy_tailed: b
         raise Mismatch(f"{path}: random values' std {sa:.4g} on {DEVICE}, {se:.4g} on cpu")
 
 
-def compare(actual: Any, expected: Any, rtol: Optional[float], atol: Optional[float],
+def compare(actual: Any, expected: Any, rtol: float | None, atol: float | None,
             random: Any = False, path: str = "out", check_device: bool = True) -> None:
     """Recursively compare a tpu result with the CPU result. Raises Mismatch.
 
@@ -404,7 +405,8 @@ def _stat_samples(name: str, dtype: str) -> list[SampleInput]:
         "randint_like": lambda: SampleInput(big(), args=(10,)),
         "randn": lambda: SampleInput((n,), kwargs={"dtype": dt, "device": "cpu", "requires_grad": False}),
         "nn.functional.dropout": lambda: SampleInput(torch.ones(64, 64, dtype=dt), kwargs={"p": 0.3, "training": True}),
-        "nn.functional.alpha_dropout": lambda: SampleInput(torch.ones(64, 64, dtype=dt), kwargs={"p": 0.3, "training": True}),
+        "nn.functional.alpha_dropout": lambda: SampleInput(torch.ones(64, 64, dtype=dt),
+                                                            kwargs={"p": 0.3, "training": True}),
         "nn.functional.rrelu": lambda: SampleInput(-torch.rand(n, dtype=dt) - 0.1,
                                                    kwargs={"lower": 0.1, "upper": 0.5, "training": True}),
     }
@@ -424,7 +426,7 @@ def _no_test_fn_lookup():
         _common_utils.extract_test_fn, _opinfo_core.extract_test_fn = saved
 
 
-def _samples(op: OpInfo, dtype: str, kind: str, max_samples: Optional[int]) -> Iterable[SampleInput]:
+def _samples(op: OpInfo, dtype: str, kind: str, max_samples: int | None) -> Iterable[SampleInput]:
     dt = DTYPES[dtype]
     with _no_test_fn_lookup():
         it = op.sample_inputs("cpu", dt, requires_grad=(kind == "grad"))
@@ -521,7 +523,7 @@ def _out(op, s, rtol, atol, random):
         return "result is not a tensor or a sequence of tensors"
     for empty in (False, True):  # correctly sized outs, then empty ones the op must resize
 
-        def outs(device):
+        def outs(device, empty=empty):
             def mk(t):
                 return torch.empty(0 if empty else t.shape, dtype=t.dtype, device=device)
             if isinstance(expected, torch.Tensor):
@@ -548,8 +550,8 @@ def _out(op, s, rtol, atol, random):
     return None
 
 
-def run_case(name: str, dtype: str, kind: str, max_samples: Optional[int] = None,
-             skips: Optional[dict] = None) -> CaseResult:
+def run_case(name: str, dtype: str, kind: str, max_samples: int | None = None,
+             skips: dict | None = None) -> CaseResult:
     """Runs one (op, dtype, kind) case over its samples; never raises."""
     op = OPS[name]
     t0 = time.perf_counter()
@@ -607,7 +609,7 @@ def run_case(name: str, dtype: str, kind: str, max_samples: Optional[int] = None
     return res
 
 
-def _sample_repr(s: Optional[SampleInput]) -> str:
+def _sample_repr(s: SampleInput | None) -> str:
     if s is None:
         return "sample generation"
 

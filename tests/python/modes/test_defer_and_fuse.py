@@ -10,8 +10,6 @@ rounding boundary, the result differs by one bf16/f16 ulp (assert_close's
 in a bf16 layer norm), which the tests avoid.
 """
 
-import math
-import os
 
 import pytest
 import torch
@@ -19,7 +17,6 @@ import torch.nn.functional as F
 
 import torch_tpu
 import torch_tpu.debug as tdebug
-
 from helpers.devices import needs_v6e_8
 
 pytestmark = needs_v6e_8
@@ -85,7 +82,8 @@ FUSIBLE = {
     "gelu": lambda x, y, b, p, i, j, m: F.gelu(x) + F.gelu(y, approximate="tanh"),
     "sigmoid_tanh_silu": lambda x, y, b, p, i, j, m: torch.sigmoid(x) + torch.tanh(y) + F.silu(x) + F.softplus(x * 10),
     "exp_log": lambda x, y, b, p, i, j, m: torch.exp(x) + torch.log(p) + torch.log1p(p) + torch.expm1(x),
-    "sqrt_trig_erf": lambda x, y, b, p, i, j, m: torch.sqrt(p) + torch.rsqrt(p) + torch.sin(x) + torch.cos(x) + torch.erf(y),
+    "sqrt_trig_erf": lambda x, y, b, p, i, j, m: (torch.sqrt(p) + torch.rsqrt(p) + torch.sin(x) + torch.cos(x)
+                                                 + torch.erf(y)),
     "rounding_sign": lambda x, y, b, p, i, j, m: torch.floor(x * 3) + torch.ceil(y * 3) + torch.sign(x) - torch.abs(i),
     "reciprocal_neg": lambda x, y, b, p, i, j, m: torch.reciprocal(p) - x,
     "sum_mean": lambda x, y, b, p, i, j, m: (x * y).sum(1) + x.mean(1) + x.sum() + y.mean(),
@@ -96,7 +94,8 @@ FUSIBLE = {
     "casts": lambda x, y, b, p, i, j, m: (x * 3).half().float() + x.to(torch.bfloat16).float() + (y * 3).long(),
     "contiguous_of_transpose": lambda x, y, b, p, i, j, m: (x.t() * 2).contiguous() + 1,
     "layer_norm_elementwise": lambda x, y, b, p, i, j, m: (
-        (x - x.mean(-1, keepdim=True)) * torch.rsqrt(((x - x.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1e-5)
+        (x - x.mean(-1, keepdim=True))
+        * torch.rsqrt(((x - x.mean(-1, keepdim=True)) ** 2).mean(-1, keepdim=True) + 1e-5)
         * b + b),
 }
 
@@ -129,7 +128,8 @@ def test_fusible_ops_match_cpu_other_dtypes(dtype, defer, fused_single_ops):
         # softmax in 16 bits: ATen's reduced-precision kernels round their
         # intermediates their own way; within 2 ulp.
         tol = {"rtol": 2e-3, "atol": 1e-5} if dtype == torch.float16 and name == "softmax" else {}
-        torch.testing.assert_close(out.cpu(), ref, msg=lambda m: f"{name} ({dtype}): {m}", **tol)
+        torch.testing.assert_close(out.cpu(), ref, msg=lambda m, name=name, dtype=dtype: f"{name} ({dtype}): {m}",
+                                   **tol)
     assert stats()["fallbacks"] == 0
 
 

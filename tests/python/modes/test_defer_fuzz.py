@@ -31,7 +31,6 @@ import torch.nn.functional as F
 
 import torch_tpu
 import torch_tpu.debug as tdebug
-
 from helpers.devices import needs_v6e_8
 
 pytestmark = needs_v6e_8
@@ -144,7 +143,7 @@ def check(code, shape, dtype, view="contig", seed=0, specials=False, tol=None, e
     except Exception as e:  # noqa: BLE001
         ref_err = e
     if ref_err is not None:
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017  (whatever CPU raised, tpu must raise too)
             with torch_tpu.eager_mode("defer_and_fuse"):
                 tpu_vars = {k: named[k][1](b) for k, b in tpu_bases.items()}
                 exec(code, env, tpu_vars)
@@ -206,7 +205,8 @@ def _float_elem(rng, depth, exact, specials, view=""):
     b = _float_elem(rng, depth - 1, exact, specials, view)
     # x - mean(x) over rows an expanded view makes constant is rounding noise (the CPU's mean of equal
     # values happens to be exact more often), which a later sum over the row multiplies by its length
-    centered = f"({a} - {a}.mean(-1, keepdim=True) * 0.5)" if view == "expanded" else f"({a} - {a}.mean(-1, keepdim=True))"
+    centered = (f"({a} - {a}.mean(-1, keepdim=True) * 0.5)" if view == "expanded"
+                else f"({a} - {a}.mean(-1, keepdim=True))")
     s = rng.choice(SCALARS)
     forms = [
         f"({a} + {b})", f"({a} - {b})", f"({a} * {b})", f"({s} - {a} * {b})", f"({a} * {s} + {b})",
@@ -420,7 +420,8 @@ def test_uniform_loads(dtype, shape):
                  "r = c.expand_as(x).abs() + t.expand_as(x).neg()", "r = (c + t) * (c - t) + x"]
     for code in codes:
         for view in ("contig", "expanded"):
-            check(code, shape, dtype, view, seed=1, extra={"t": t0, "c": _make(col, dtype, torch.Generator().manual_seed(4))})
+            check(code, shape, dtype, view, seed=1,
+                  extra={"t": t0, "c": _make(col, dtype, torch.Generator().manual_seed(4))})
 
 
 PAIR_OPS = ["+", "-", "*"]
@@ -439,7 +440,8 @@ def test_paired_binary_ops(op1, op2, dtype):
                     if a[0].isdigit() and b[0].isdigit() or (len(shape) < 2 and "t()" in a + b):
                         continue
                     inner = f"({a} {op1} {b})"
-                    code = f"r = {inner} {op2} {cc}\nq = {cc} {op2} {inner}\nr = torch.stack([r.expand_as(x), q.expand_as(x)])"
+                    code = (f"r = {inner} {op2} {cc}\nq = {cc} {op2} {inner}\n"
+                            "r = torch.stack([r.expand_as(x), q.expand_as(x)])")
                     check(code, shape, dtype, "contig", seed=2, tol=None,
                           extra={"y": _make(shape[::-1], dtype, torch.Generator().manual_seed(5))})
         # the inner result read twice (not paired) and stored (an output of its own)
@@ -545,7 +547,8 @@ def _gen_broadcast_cases(n, seed=4321):
         red = sorted(rng.sample(range(nd), rng.randint(1, nd)))
         red_s = "(" + ", ".join(map(str, red)) + ",)"
         kind = rng.choice(["sum", "amax", "amin"] + (["mean"] if dtype != torch.int64 else []))
-        e = rng.choice(["x * p + q", "x - p * q", "torch.maximum(x, p) - q", "torch.where(x > p, q, x)", "(x + p) * (q - 2)"])
+        e = rng.choice(["x * p + q", "x - p * q", "torch.maximum(x, p) - q", "torch.where(x > p, q, x)",
+                        "(x + p) * (q - 2)"])
         code = rng.choice([
             f"e = {e}\nr = e - e.{kind}(dim={red_s}, keepdim=True) * q",
             f"e = {e}\nr = e.{kind}(dim={red_s})",

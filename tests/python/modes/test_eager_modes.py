@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+
 import torch_tpu
 
 

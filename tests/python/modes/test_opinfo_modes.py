@@ -22,16 +22,16 @@ Same skips (``opinfo_skips.SKIPS``), plus the variant-specific ones in
 (``opinfo_harness.run_case``). The mode is set around the whole case, globally
 (``torch_tpu.set_eager_mode``: backward ops run on the autograd engine's tpu
 thread, which a thread-local block does not reach) and with the thread-local
-``torch_tpu.eager_mode``: the tpu side runs in it; the CPU oracle is unaffected (the modes live in the PrivateUse1 kernels only;
-test_cpu_oracle_ignores_the_mode checks it). Leaving a ``defer_and_fuse`` block
+``torch_tpu.eager_mode``: the tpu side runs in it; the CPU oracle is unaffected (the modes live in the
+PrivateUse1 kernels only; test_cpu_oracle_ignores_the_mode checks it). Leaving a ``defer_and_fuse`` block
 flushes what it recorded, and run_case's synchronize and host reads flush
 inside the block.
 """
 
 import pytest
 import torch
-import torch_tpu
 
+import torch_tpu
 from helpers import opinfo_harness as H
 from helpers.opinfo_skips import MODE_SKIPS, SKIPS
 

@@ -2,6 +2,7 @@
 
 import torch
 import torch.nn as nn
+
 import torch_tpu
 
 

@@ -19,8 +19,8 @@ import os
 
 import pytest
 import torch
-import torch_tpu  # noqa: F401
 
+import torch_tpu  # noqa: F401
 from helpers import opinfo_harness as H
 from helpers.opinfo_skips import SKIPS
 

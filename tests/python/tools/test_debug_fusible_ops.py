@@ -6,7 +6,6 @@ import torch.nn.functional as F
 
 import torch_tpu
 import torch_tpu.debug as tdebug
-
 from helpers.devices import needs_v6e_8
 
 

@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from torch_tpu.demo import data
-from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS
-
 from helpers.paths import REPO_ROOT
+from torch_tpu.demo import data
+from torch_tpu.estimate.models.gpt import GPT, PRESETS, GPTConfig
 
 TINY = ["--model-size", "tiny", "--batch-size", "4", "--seq-len", "32", "--eval-batches", "2",
         "--sample-tokens", "8", "--warmup", "1"]

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import torch_tpu.runtime
-from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS, make_optimizer
 from torch_tpu.estimate import LLAMA_PRESETS, Parallelism, dry_run, model_spec, run, train_step
 from torch_tpu.estimate.__main__ import main as cli_main
+from torch_tpu.estimate.models.gpt import GPT, PRESETS, GPTConfig, make_optimizer
 
 DEV = 1
 GENS = ("v4", "v5e", "v5p", "v6e", "tpu7x")
@@ -254,7 +254,8 @@ def _cli(*args, timeout=240):
       "--tp", "4", "--fsdp", "1"], "key/value heads"),
     (["--model", "llama", "--d-model", "1000", "--n-heads", "16"], "not a multiple of n_heads"),
     (["--model", "gpt-small", "--topology", "v6e-8", "--tp", "2"], "Llama-style models only"),
-    (["--model", "llama3-8b", "--topology", "v6e-8", "--slices", "2", "--dp", "1", "--fsdp", "16"], "multiple of slices"),
+    (["--model", "llama3-8b", "--topology", "v6e-8", "--slices", "2", "--dp", "1", "--fsdp", "16"],
+     "multiple of slices"),
     # bad input that used to escape as a traceback or be silently replaced by a default
     (["--model", "llama", "--config", "[1, 2]"], "--config: a JSON object"),
     (["--model", "gpt-tiny", "--model-kwargs", '{"d_model": 8}'], "--model-kwargs applies to a factory"),
@@ -378,7 +379,7 @@ def test_factory_that_raises_or_returns_junk_is_a_clear_error(tmp_path):
         p = subprocess.run([sys.executable, "-m", "torch_tpu.estimate", "--model", factory, "--topology", "v6e-1"],
                            env=env, capture_output=True, text=True, timeout=120)
         assert p.returncode == 1, p.stderr[-2000:]
-        assert f"torch_tpu.estimate: error: " in p.stderr and message in p.stderr, p.stderr[-2000:]
+        assert "torch_tpu.estimate: error: " in p.stderr and message in p.stderr, p.stderr[-2000:]
         assert "Traceback" not in p.stderr, p.stderr[-2000:]
     p = subprocess.run([sys.executable, "-m", "torch_tpu.estimate", "--model", "badfac:meta_shy", "--topology",
                         "v6e-1", "--batch", "2", "--seq-len", "16"], env=env, capture_output=True, text=True,

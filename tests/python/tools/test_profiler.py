@@ -313,7 +313,7 @@ def test_tpu_dist_all_reduce_in_each_ranks_trace(tmp_path):
                                str(tmp_path / f"rank{r}.json")], env=clean_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     for r, (out, _) in enumerate(outs):
         result = json.loads(out.strip().splitlines()[-1])

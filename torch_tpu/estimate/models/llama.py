@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
 
 import torch
 import torch.nn as nn
@@ -66,7 +66,7 @@ class LlamaConfig:
 # Public configurations (the models' config.json on Hugging Face, meta-llama/*; the Llama 2
 # paper, arXiv 2307.09288, Table 1 and the Llama 3 paper, arXiv 2407.21783, Table 3).
 # ``batch`` is only a default, chosen per preset to match common pre-training setups.
-LLAMA_PRESETS: Dict[str, LlamaConfig] = {
+LLAMA_PRESETS: dict[str, LlamaConfig] = {
     "llama2-7b": LlamaConfig(32000, 32, 4096, 32, 32, 11008, 4096, 256),
     "llama2-13b": LlamaConfig(32000, 40, 5120, 40, 40, 13824, 4096, 256),
     "llama2-70b": LlamaConfig(32000, 80, 8192, 64, 8, 28672, 4096, 256),
@@ -78,7 +78,7 @@ LLAMA_PRESETS: Dict[str, LlamaConfig] = {
 }
 
 
-def llama_config(preset: Optional[str] = None, json_text: Optional[str] = None, **overrides) -> LlamaConfig:
+def llama_config(preset: str | None = None, json_text: str | None = None, **overrides) -> LlamaConfig:
     """A LlamaConfig from a preset name, JSON (a string or a path to a file; Hugging Face
     ``config.json`` keys are accepted too) and keyword overrides, in that order.
 
@@ -231,7 +231,7 @@ class Llama(nn.Module):
     logits of only one chunk are alive at a time (the usual fix for large vocabularies).
     """
 
-    def __init__(self, cfg: LlamaConfig, tp: int = 1, attention: str = "flash", hooks: Optional[TPHooks] = None,
+    def __init__(self, cfg: LlamaConfig, tp: int = 1, attention: str = "flash", hooks: TPHooks | None = None,
                  loss_chunks: int = 1):
         super().__init__()
         self.cfg = cfg
