@@ -200,7 +200,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: List, *, mode=None, op
         raise ValueError(f"torch.compile(backend='tpu'): unknown mode {mode!r}; valid modes: {', '.join(_MODES)}")
     if options:
         log.info("torch.compile(backend='tpu'): options %s are Inductor's and are ignored", sorted(options))
-    _note_dynamo_events()
+    stats.note_dynamo_events()
     if _has_symbolic_inputs(example_inputs):
         try:
             from . import bucketing  # owned by the bucketing work (dynamic shapes)
@@ -209,63 +209,6 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: List, *, mode=None, op
         if bucketing is not None:
             return bucketing.compile_bucketed(gm, example_inputs, compile_static)
     return compile_static(gm, example_inputs)
-
-
-def _note_dynamo_events() -> None:
-    """Log and count graph breaks Dynamo reported since the last graph."""
-    try:
-        from torch._dynamo.utils import counters
-    except Exception:  # noqa: BLE001
-        return
-    seen = _note_dynamo_events.seen
-    # Dynamo files graph breaks under "graph_break" or, for unsupported code such as
-    # data-dependent branching, under "unimplemented"
-    items = list(counters["graph_break"].items()) + list(counters["unimplemented"].items())
-    for reason, n in items:
-        prev = seen.get(reason, 0)
-        if n < prev:  # torch._dynamo.reset() cleared Dynamo's counters
-            prev = 0
-        if n > prev:
-            lines = [ln.strip() for ln in str(reason).strip().splitlines()]
-            short = lines[0] if lines else "unknown reason"
-            where = next((ln.lstrip("# ") for ln in lines if ln.startswith("# File ")), None)
-            if where:
-                short += f" ({where})"
-            log.warning("graph break: %s (Python runs between the compiled graphs there)", short)
-            stats.append("graph_break_reasons", short)
-            stats.add("graph_breaks", n - prev)
-            seen[reason] = n
-
-
-_note_dynamo_events.seen = {}
-
-
-def _hook_recompile_reasons() -> None:
-    """Record Dynamo's guard-failure reasons for frames compiled with this backend.
-
-    Dynamo computes them in ``convert_frame`` (through
-    ``guards.get_and_maybe_log_recompilation_reasons``) but offers no hook, so that
-    function is wrapped where ``convert_frame`` looks it up.
-    """
-    from torch._dynamo import convert_frame
-
-    orig = getattr(convert_frame, "get_and_maybe_log_recompilation_reasons", None)
-    if orig is None or getattr(orig, "_torch_tpu_wrapped", False):
-        return
-
-    def wrapped(cache_entries, frame, backend, *args, **kwargs):
-        reasons = orig(cache_entries, frame, backend, *args, **kwargs)
-        fn = getattr(backend, "compiler_fn", backend)  # torch.compile's wrapper holds the backend
-        if fn is tpu_backend:
-            code = getattr(frame, "f_code", None)
-            where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})" if code else "a frame"
-            reason = f"{where}: " + ("; ".join(r.strip() for r in reasons) if reasons else "unknown guard failure")
-            stats.append("recompile_reasons", reason)
-            log.info("recompiling %s", reason)
-        return reasons
-
-    wrapped._torch_tpu_wrapped = True
-    convert_frame.get_and_maybe_log_recompilation_reasons = wrapped
 
 
 def register() -> None:
@@ -315,6 +258,6 @@ def _register_now() -> None:
 
     device_interface.register()
     try:
-        _hook_recompile_reasons()
+        stats.hook_recompile_reasons(tpu_backend)
     except Exception as e:  # noqa: BLE001 (a Dynamo without that function: no reasons, still compiles)
         log.debug("recompile reasons not recorded: %s", e)

@@ -45,6 +45,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.fx
 
+from . import stats as _compile_stats
+from .stats import bucket_stats, reset_bucket_stats
+
 log = logging.getLogger("torch_tpu.compile")
 
 aten = torch.ops.aten
@@ -198,58 +201,6 @@ def set_buckets(spec=None) -> BucketConfig:
     with _config_lock:
         _config = cfg
     return cfg
-
-
-# ---------------------------------------------------------------------------
-# Statistics
-# ---------------------------------------------------------------------------
-
-_stats_lock = threading.Lock()
-
-
-def _fresh_stats() -> Dict[str, Any]:
-    return {"bucket_compilations": 0, "exact_compilations": 0, "calls": 0,
-            "padded_calls": 0, "reasons": []}
-
-
-_stats = _fresh_stats()
-
-
-def bucket_stats() -> Dict[str, Any]:
-    """Counters of the bucketing layer since the process started (or
-    :func:`reset_bucket_stats`).
-
-    Keys: ``bucket_compilations`` (programs compiled for a bucket of padded shapes),
-    ``exact_compilations`` (programs compiled for one exact shape: bucketing not possible
-    for that graph or size), ``calls`` / ``padded_calls`` (calls of bucketed functions, and
-    those whose inputs needed padding), ``reasons`` (one string per compilation, saying why;
-    also appended to ``torch_tpu.compile_stats()["recompile_reasons"]``).
-    """
-    with _stats_lock:
-        out = dict(_stats)
-        out["reasons"] = list(_stats["reasons"])
-        return out
-
-
-def reset_bucket_stats() -> None:
-    """Zero the counters of :func:`bucket_stats` (compiled programs are kept)."""
-    global _stats
-    with _stats_lock:
-        _stats = _fresh_stats()
-
-
-def _record(kind: Optional[str], reason: str) -> None:
-    with _stats_lock:
-        if kind is not None:
-            _stats[kind] += 1
-        _stats["reasons"].append(reason)
-    try:
-        from . import stats as _compile_stats
-
-        _compile_stats.append("recompile_reasons", reason)
-    except Exception:  # noqa: BLE001  (counters must never break a compile)
-        pass
-    log.info("%s", reason)
 
 
 class Unsupported(Exception):
@@ -1677,8 +1628,7 @@ class _BucketedFunction:
 
     def __call__(self, *args):
         a = self.analysis
-        with _stats_lock:
-            _stats["calls"] += 1
+        _compile_stats.add("calls")
         true = self._true_sizes(args)
         items = tuple(float(args[i].item()) for i in a.item_inputs)
         if a.grad_cut and torch.is_grad_enabled() and any(
@@ -1720,7 +1670,7 @@ class _BucketedFunction:
                     if syms and set(syms) < set(bsyms):
                         self.exact_syms |= set(syms)
                         names = ", ".join(sorted(str(x) for x in syms))
-                        _record(None, f"bucketing: {names} kept exact because {e}")
+                        _compile_stats.note_bucketing(None, f"bucketing: {names} kept exact because {e}")
                         continue
                     self.unsupported = str(e)
                     return self._run_exact(args, true, value_syms, items, str(e))
@@ -1728,8 +1678,7 @@ class _BucketedFunction:
                 break
         padded, any_pad, dev = self._pad_inputs(args, buckets, true)
         if any_pad:
-            with _stats_lock:
-                _stats["padded_calls"] += 1
+            _compile_stats.add("padded_calls")
         outs = prog(*padded, *[_length_tensor(true[s], dev) for s in bsyms])
         return self._unpad_outputs(outs, true)
 
@@ -1751,7 +1700,7 @@ class _BucketedFunction:
         sizes = ", ".join([f"{s}={true[s]}->{buckets[s]}" for s in bsyms] +
                           [f"{s}={v} exact" for s, v in sorted(value_syms.items(), key=lambda t: str(t[0]))
                            if s in self.exact_syms])
-        _record("bucket_compilations", f"bucketing: new bucket ({sizes})")
+        _compile_stats.note_bucketing("bucket_compilations", f"bucketing: new bucket ({sizes})")
         return self.compile_static(traced, list(padded) + lens)
 
     def _check_outputs(self, out_masks):
@@ -1780,7 +1729,7 @@ class _BucketedFunction:
                 prog = self.programs.get(key)
                 if prog is None:
                     shape = ", ".join(f"{k}={v}" for k, v in sorted(true.items(), key=lambda t: str(t[0])))
-                    _record("exact_compilations",
+                    _compile_stats.note_bucketing("exact_compilations",
                             f"bucketing: exact shape ({shape}) compiled because {why}")
                     gm = self.gm
                     if self.analysis.item_inputs:
