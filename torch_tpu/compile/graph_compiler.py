@@ -41,7 +41,7 @@ from . import stats
 log = logging.getLogger("torch_tpu.compile")
 
 _RC = _C._compile
-FORMAT_VERSION = 2
+FORMAT_VERSION = _cache.FORMAT_VERSION
 MAX_REGION_NODES = 512
 
 _TPU = "tpu"
@@ -80,7 +80,7 @@ _tls = threading.local()
 def _object_ref(obj, what: str):
     table = getattr(_tls, "objects", None)
     if table is None:
-        raise _Uncacheable(what)
+        raise _cache.Uncacheable(what)
     table.append(obj)
     return {"obj": len(table) - 1}
 
@@ -96,10 +96,6 @@ def _target_name(target) -> str:
     if not mod or not qual or "<" in qual:
         return f"obj:{_object_ref(target, f'call of {target!r}')['obj']}"
     return f"{mod}:{qual}"
-
-
-class _Uncacheable(Exception):
-    """A program that cannot be described by plain data (it still runs)."""
 
 
 def _encode(a, slot_of):
@@ -349,7 +345,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     its peak physical HBM bytes are in it (``check_memory`` compares them with the chip).
 
     Raises:
-        _Uncacheable: a node or argument plain data cannot describe (then the caller
+        _cache.Uncacheable: a node or argument plain data cannot describe (then the caller
             builds it again without caching; it still runs).
     """
     graph = gm.graph
@@ -499,7 +495,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
                     "type": _type_str(_val(n)),
                 })
             else:
-                raise _Uncacheable(f"FX node {n.op} {n.target}")
+                raise _cache.Uncacheable(f"FX node {n.op} {n.target}")
             step_nodes.append([n])
 
     steps, step_nodes = _batch_copies(steps, step_nodes, slot_of)
@@ -880,7 +876,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: List, kind: str):
     key = None
     try:
         key = _cache.program_key(gm, example_inputs)
-    except _Uncacheable as e:
+    except _cache.Uncacheable as e:
         log.info("program not cached (%s)", e)
     desc = None
     source = "built"
@@ -898,7 +894,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: List, kind: str):
     if desc is None:
         try:
             desc = build_description(gm, example_inputs, kind)
-        except _Uncacheable as e:
+        except _cache.Uncacheable as e:
             log.info("program not cached (%s)", e)
             key = None
             desc = build_description(gm, example_inputs, kind, objects=[])
