@@ -144,7 +144,8 @@ class _BucketedFunction:
                 prog = self.programs.get(key)
                 if prog is None:
                     shape = ", ".join(f"{k}={v}" for k, v in sorted(true.items(), key=lambda t: str(t[0])))
-                    stats.note_bucketing("exact_compilations", f"bucketing: exact shape ({shape}) compiled because {why}")
+                    stats.note_bucketing("exact_compilations",
+                                         f"bucketing: exact shape ({shape}) compiled because {why}")
                     gm = self.gm
                     if self.analysis.item_inputs:
                         # .item() of lifted scalars (dropout p, momentum) as constants: the

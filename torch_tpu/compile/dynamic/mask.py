@@ -38,24 +38,26 @@ class Mask:
 
 
 def node_value(node):
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return v
+    """The traced value of an FX node (None for a non-node or a node without one)."""
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else None
 
 
 def lowest(dtype):
-    if dtype.is_floating_point:
-        return torch.finfo(dtype).min
-    if dtype == torch.bool:
-        return False
-    return torch.iinfo(dtype).min
+    """The dtype's lowest finite value (False for bool)."""
+    return _extreme(dtype, "min")
 
 
 def highest(dtype):
+    """The dtype's highest finite value (True for bool)."""
+    return _extreme(dtype, "max")
+
+
+def _extreme(dtype, end: str):
     if dtype.is_floating_point:
-        return torch.finfo(dtype).max
+        return getattr(torch.finfo(dtype), end)
     if dtype == torch.bool:
-        return True
-    return torch.iinfo(dtype).max
+        return end == "max"
+    return getattr(torch.iinfo(dtype), end)
 
 
 def norm_dims(dims, ndim):
