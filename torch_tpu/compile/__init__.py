@@ -37,4 +37,4 @@ from .stats import compile_stats, reset_compile_stats
 bucketing = dynamic
 sys.modules[__name__ + ".bucketing"] = dynamic
 
-__all__ = ["tpu_backend", "compile_static", "compile_stats", "reset_compile_stats", "register"]
+__all__ = ["tpu_backend", "compile_static", "compile_stats", "reset_compile_stats"]
