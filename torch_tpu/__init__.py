@@ -55,7 +55,7 @@ except Exception as _e:  # noqa: BLE001  (a broken Dynamo must not break `import
 
     _warnings.warn(f"torch_tpu: torch.compile backend 'tpu' not registered: {_e}")
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 
 __all__ = ["__version__", "eager_mode", "get_eager_mode", "set_eager_mode", "compile_stats",

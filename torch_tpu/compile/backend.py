@@ -8,8 +8,11 @@ import sys
 from typing import Callable, List, Sequence
 
 import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._decomp.decompositions import native_batch_norm_helper
 
-from . import stats
+from . import device_interface, graph_compiler, stats
+from .dynamic import compile_bucketed
 
 log = logging.getLogger("torch_tpu.compile")
 
@@ -20,8 +23,6 @@ def _decompositions():
     """Core ATen decompositions, plus: batch norm forward as reductions and
     elementwise work the IR lowers, var/var_mean in ATen ops, _foreach_* per tensor;
     minus layer norm's backward (ATen's kernel runs)."""
-    from torch._decomp import core_aten_decompositions, get_decompositions
-
     table = dict(core_aten_decompositions())
     aten = torch.ops.aten
     table.update(get_decompositions([
@@ -91,8 +92,6 @@ def _make_foreach(per_tensor, names, kinds):
 
 
 def _batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
-    from torch._decomp.decompositions import native_batch_norm_helper
-
     return native_batch_norm_helper(input, weight, bias, running_mean, running_var, False, momentum, eps,
                                     functional=True)[:3]
 
@@ -141,8 +140,6 @@ def _compile_graph(kind: str):
     """The fw / bw / inference compiler for AOTAutograd."""
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: List):
-        from . import graph_compiler
-
         return graph_compiler.compile_fx_graph(gm, example_inputs, kind)
 
     return compiler
@@ -163,7 +160,7 @@ def compile_static(gm: torch.fx.GraphModule, example_inputs: List) -> Callable:
     Raises:
         torch.OutOfMemoryError: a program's peak physical HBM bytes exceed the chip's capacity.
     """
-    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.common import aot_autograd  # not at module level: importing Dynamo costs ~1.5 s
 
     backend = aot_autograd(
         fw_compiler=_compile_graph("forward"),
@@ -191,81 +188,18 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: List, *, mode=None, op
         ValueError: an unknown ``mode``.
 
     Static graphs go through :func:`compile_static`. A graph with symbolic sizes
-    (dynamic shapes) goes to :func:`torch_tpu.compile.bucketing.compile_bucketed`
-    when that module is present, which pads dynamic dimensions to buckets;
-    otherwise Dynamo's dynamic graph is compiled as it is (each concrete shape
-    becomes its own program).
+    (dynamic shapes) goes to :func:`torch_tpu.compile.dynamic.compile_bucketed`,
+    which pads dynamic dimensions to buckets (or compiles exact shapes where padding
+    cannot be made safe).
     """
     if mode is not None and mode not in _MODES:
         raise ValueError(f"torch.compile(backend='tpu'): unknown mode {mode!r}; valid modes: {', '.join(_MODES)}")
     if options:
         log.info("torch.compile(backend='tpu'): options %s are Inductor's and are ignored", sorted(options))
-    _note_dynamo_events()
+    stats.note_dynamo_events()
     if _has_symbolic_inputs(example_inputs):
-        try:
-            from . import bucketing  # owned by the bucketing work (dynamic shapes)
-        except ImportError:
-            bucketing = None
-        if bucketing is not None:
-            return bucketing.compile_bucketed(gm, example_inputs, compile_static)
+        return compile_bucketed(gm, example_inputs, compile_static)
     return compile_static(gm, example_inputs)
-
-
-def _note_dynamo_events() -> None:
-    """Log and count graph breaks Dynamo reported since the last graph."""
-    try:
-        from torch._dynamo.utils import counters
-    except Exception:  # noqa: BLE001
-        return
-    seen = _note_dynamo_events.seen
-    # Dynamo files graph breaks under "graph_break" or, for unsupported code such as
-    # data-dependent branching, under "unimplemented"
-    items = list(counters["graph_break"].items()) + list(counters["unimplemented"].items())
-    for reason, n in items:
-        prev = seen.get(reason, 0)
-        if n < prev:  # torch._dynamo.reset() cleared Dynamo's counters
-            prev = 0
-        if n > prev:
-            lines = [ln.strip() for ln in str(reason).strip().splitlines()]
-            short = lines[0] if lines else "unknown reason"
-            where = next((ln.lstrip("# ") for ln in lines if ln.startswith("# File ")), None)
-            if where:
-                short += f" ({where})"
-            log.warning("graph break: %s (Python runs between the compiled graphs there)", short)
-            stats.append("graph_break_reasons", short)
-            stats.add("graph_breaks", n - prev)
-            seen[reason] = n
-
-
-_note_dynamo_events.seen = {}
-
-
-def _hook_recompile_reasons() -> None:
-    """Record Dynamo's guard-failure reasons for frames compiled with this backend.
-
-    Dynamo computes them in ``convert_frame`` (through
-    ``guards.get_and_maybe_log_recompilation_reasons``) but offers no hook, so that
-    function is wrapped where ``convert_frame`` looks it up.
-    """
-    from torch._dynamo import convert_frame
-
-    orig = getattr(convert_frame, "get_and_maybe_log_recompilation_reasons", None)
-    if orig is None or getattr(orig, "_torch_tpu_wrapped", False):
-        return
-
-    def wrapped(cache_entries, frame, backend, *args, **kwargs):
-        reasons = orig(cache_entries, frame, backend, *args, **kwargs)
-        fn = getattr(backend, "compiler_fn", backend)  # torch.compile's wrapper holds the backend
-        if fn is tpu_backend:
-            code = getattr(frame, "f_code", None)
-            where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})" if code else "a frame"
-            reason = f"{where}: " + ("; ".join(r.strip() for r in reasons) if reasons else "unknown guard failure")
-            stats.append("recompile_reasons", reason)
-            log.info("recompiling %s", reason)
-        return reasons
-
-    wrapped._torch_tpu_wrapped = True
-    convert_frame.get_and_maybe_log_recompilation_reasons = wrapped
 
 
 def register() -> None:
@@ -311,10 +245,8 @@ def _register_now() -> None:
 
     if "tpu" not in registry._COMPILER_FNS:
         register_backend(name="tpu")(tpu_backend)
-    from . import device_interface
-
     device_interface.register()
     try:
-        _hook_recompile_reasons()
+        stats.hook_recompile_reasons(tpu_backend)
     except Exception as e:  # noqa: BLE001 (a Dynamo without that function: no reasons, still compiles)
         log.debug("recompile reasons not recorded: %s", e)

@@ -3,8 +3,8 @@
 Key: SHA-256 of the FX graph's code (after AOTAutograd, DCE and CSE), the
 metadata of its inputs (shapes, strides, dtypes, devices), the values of its
 tensor constants, the chip (generation, HBM capacity), the torch_tpu and torch
-versions, the IR's op set and the extension library's build (a rebuilt
-``_C`` may lower differently).
+versions, the description format (``FORMAT_VERSION``), the IR's op set and the
+extension library's build (a rebuilt ``_C`` may lower differently).
 
 Disk entries live in ``TORCH_TPU_CACHE_DIR`` (default ``~/.cache/torch_tpu``)
 as ``programs/<key>.json``: a header line with the SHA-256 of the body, then the
@@ -25,10 +25,21 @@ import warnings
 from typing import Any, Dict, Optional, Sequence
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from .. import _C
+from .._version import __version__
 from . import stats
 
 log = logging.getLogger("torch_tpu.compile")
+
+# Version of the program description format: part of every key, and checked on each disk entry.
+FORMAT_VERSION = 2
+
+
+class Uncacheable(Exception):
+    """A program that cannot be described by plain data, so has no key (it still runs)."""
+
 
 _memory: Dict[str, Dict[str, Any]] = {}
 _lock = threading.Lock()
@@ -53,9 +64,6 @@ def _static_key() -> str:
     """Versions, IR op set and the extension's build: same for every program of a process."""
     global _static_part
     if _static_part is None:
-        from .. import _C, __version__
-        from .graph_compiler import FORMAT_VERSION
-
         try:
             st = os.stat(_C.__file__)
             build = f"{st.st_size}:{st.st_mtime_ns}"
@@ -92,15 +100,11 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: Sequence) -> str:
             for part in n.target.split("."):
                 obj = getattr(obj, part)
             if isinstance(obj, torch.Tensor):
-                from torch._subclasses.fake_tensor import unset_fake_temporarily
-
                 h.update(_meta(obj).encode())
                 with unset_fake_temporarily():  # the compiler runs under AOTAutograd's fake mode
                     h.update(obj.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
             else:
-                from .graph_compiler import _Uncacheable
-
-                raise _Uncacheable(f"graph attribute {n.target} of type {type(obj).__name__}")
+                raise Uncacheable(f"graph attribute {n.target} of type {type(obj).__name__}")
     return h.hexdigest()
 
 

@@ -1,14 +1,24 @@
-"""Counters of ``torch.compile(backend="tpu")``, see :func:`compile_stats`."""
+"""Counters of ``torch.compile(backend="tpu")`` and the Dynamo events that feed them.
+
+One dict holds every counter: the backend's (:func:`compile_stats`) and the bucketing
+layer's (:func:`bucket_stats`); each function reports and resets its own keys. Graph
+breaks and guard-failure reasons come from Dynamo, which offers no hook for them:
+:func:`note_dynamo_events` reads Dynamo's counters, :func:`hook_recompile_reasons`
+wraps the function that computes the reasons.
+"""
 
 import collections
+import logging
 import sys
 import threading
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
+
+log = logging.getLogger("torch_tpu.compile")
 
 _lock = threading.Lock()
 
 
-def _fresh() -> Dict[str, Any]:
+def _fresh_compile() -> Dict[str, Any]:
     return {
         "compilations": 0,
         "cache_hits_memory": 0,
@@ -25,7 +35,11 @@ def _fresh() -> Dict[str, Any]:
     }
 
 
-_stats = _fresh()
+def _fresh_bucketing() -> Dict[str, Any]:
+    return {"bucket_compilations": 0, "exact_compilations": 0, "calls": 0, "padded_calls": 0, "reasons": []}
+
+
+_stats: Dict[str, Any] = {**_fresh_compile(), **_fresh_bucketing()}
 
 
 def add(key: str, value=1) -> None:
@@ -41,6 +55,27 @@ def append(key: str, value) -> None:
 def count_library_ops(names) -> None:
     with _lock:
         _stats["library_calls"].update(names)
+
+
+def note_bucketing(kind: Optional[str], reason: str) -> None:
+    """A bucketing decision: counts ``kind`` (a key of :func:`bucket_stats`, or None) and
+    records ``reason`` in both ``bucket_stats()["reasons"]`` and ``recompile_reasons``."""
+    with _lock:
+        if kind is not None:
+            _stats[kind] += 1
+        _stats["reasons"].append(reason)
+        _stats["recompile_reasons"].append(reason)
+    log.info("%s", reason)
+
+
+def _snapshot(keys) -> Dict[str, Any]:
+    """The counters named by ``keys``, with Counters and lists copied (callers may keep them)."""
+    with _lock:
+        out = {}
+        for k in keys:
+            v = _stats[k]
+            out[k] = dict(v) if isinstance(v, collections.Counter) else list(v) if isinstance(v, list) else v
+        return out
 
 
 def compile_stats() -> Dict[str, Any]:
@@ -65,21 +100,88 @@ def compile_stats() -> Dict[str, Any]:
     * ``programs_run``: program executions.
     """
     if "torch._dynamo" in sys.modules:
-        from .backend import _note_dynamo_events
-
-        _note_dynamo_events()
-    with _lock:
-        out = dict(_stats)
-        out["library_calls"] = dict(_stats["library_calls"])
-        out["recompile_reasons"] = list(_stats["recompile_reasons"])
-        out["graph_break_reasons"] = list(_stats["graph_break_reasons"])
-        return out
+        note_dynamo_events()
+    return _snapshot(_fresh_compile())
 
 
 def reset_compile_stats() -> None:
     """Zero every counter of :func:`compile_stats` (cached programs are kept)."""
-    global _stats
     with _lock:
-        _stats = _fresh()
+        _stats.update(_fresh_compile())
 
 
+def bucket_stats() -> Dict[str, Any]:
+    """Counters of the bucketing layer since the process started (or
+    :func:`reset_bucket_stats`).
+
+    Keys: ``bucket_compilations`` (programs compiled for a bucket of padded shapes),
+    ``exact_compilations`` (programs compiled for one exact shape: bucketing not possible
+    for that graph or size), ``calls`` / ``padded_calls`` (calls of bucketed functions, and
+    those whose inputs needed padding), ``reasons`` (one string per compilation, saying why;
+    also appended to ``torch_tpu.compile_stats()["recompile_reasons"]``).
+    """
+    return _snapshot(_fresh_bucketing())
+
+
+def reset_bucket_stats() -> None:
+    """Zero the counters of :func:`bucket_stats` (compiled programs are kept)."""
+    with _lock:
+        _stats.update(_fresh_bucketing())
+
+
+# ---------------------------------------------------------------- Dynamo events
+
+_seen_breaks: Dict[Any, int] = {}  # Dynamo's graph-break counters at the last look
+
+
+def note_dynamo_events() -> None:
+    """Log and count graph breaks Dynamo reported since the last look."""
+    try:
+        from torch._dynamo.utils import counters  # not at module level: importing Dynamo costs ~1.5 s
+    except Exception:  # noqa: BLE001
+        return
+    # Dynamo files graph breaks under "graph_break" or, for unsupported code such as
+    # data-dependent branching, under "unimplemented"
+    items = list(counters["graph_break"].items()) + list(counters["unimplemented"].items())
+    for reason, n in items:
+        prev = _seen_breaks.get(reason, 0)
+        if n < prev:  # torch._dynamo.reset() cleared Dynamo's counters
+            prev = 0
+        if n > prev:
+            lines = [ln.strip() for ln in str(reason).strip().splitlines()]
+            short = lines[0] if lines else "unknown reason"
+            where = next((ln.lstrip("# ") for ln in lines if ln.startswith("# File ")), None)
+            if where:
+                short += f" ({where})"
+            log.warning("graph break: %s (Python runs between the compiled graphs there)", short)
+            append("graph_break_reasons", short)
+            add("graph_breaks", n - prev)
+            _seen_breaks[reason] = n
+
+
+def hook_recompile_reasons(tpu_backend: Callable) -> None:
+    """Record Dynamo's guard-failure reasons for frames compiled with ``tpu_backend``.
+
+    Dynamo computes them in ``convert_frame`` (through
+    ``guards.get_and_maybe_log_recompilation_reasons``) but offers no hook, so that
+    function is wrapped where ``convert_frame`` looks it up.
+    """
+    from torch._dynamo import convert_frame  # called once Dynamo is imported
+
+    orig = getattr(convert_frame, "get_and_maybe_log_recompilation_reasons", None)
+    if orig is None or getattr(orig, "_torch_tpu_wrapped", False):
+        return
+
+    def wrapped(cache_entries, frame, backend, *args, **kwargs):
+        reasons = orig(cache_entries, frame, backend, *args, **kwargs)
+        fn = getattr(backend, "compiler_fn", backend)  # torch.compile's wrapper holds the backend
+        if fn is tpu_backend:
+            code = getattr(frame, "f_code", None)
+            where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})" if code else "a frame"
+            reason = f"{where}: " + ("; ".join(r.strip() for r in reasons) if reasons else "unknown guard failure")
+            append("recompile_reasons", reason)
+            log.info("recompiling %s", reason)
+        return reasons
+
+    wrapped._torch_tpu_wrapped = True
+    convert_frame.get_and_maybe_log_recompilation_reasons = wrapped

@@ -427,7 +427,7 @@ def test_entry_with_valid_checksum_but_junk_body_is_rebuilt(junk, monkeypatch):
 
     monkeypatch.setattr(program_cache, "_warned_corrupt", False)  # warned once per process
 
-    from torch_tpu.compile.graph_compiler import FORMAT_VERSION
+    from torch_tpu.compile.cache import FORMAT_VERSION
 
     def f(x):
         return torch.tanh(x).mean(dim=0) * 2

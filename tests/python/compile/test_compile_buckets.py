@@ -13,7 +13,9 @@ import torch.nn.functional as F
 
 import torch_tpu
 from torch_tpu.compile import backend as tpu_backend_mod
-from torch_tpu.compile import bucketing
+from torch_tpu.compile import dynamic as bucketing
+from torch_tpu.compile.dynamic import config as bucket_config
+from torch_tpu.compile.dynamic import masking
 
 TOL = dict(rtol=1e-4, atol=1e-4)
 
@@ -97,7 +99,7 @@ def test_bad_env_var_raises_value_error(monkeypatch):
 
 def test_bad_env_var_reaches_torch_compile_caller_as_value_error(monkeypatch):
     monkeypatch.setenv(bucketing.ENV_VAR, "8,x")
-    bucketing._config = None  # as in a fresh process: read at the first dynamic graph
+    bucket_config._config = None  # as in a fresh process: read at the first dynamic graph
     compiled = torch.compile(lambda x: x.sum(1), backend="tpu", dynamic=True)
     with pytest.raises(ValueError, match="TORCH_TPU_COMPILE_BUCKETS: bucket 'x'"):
         compiled(torch.randn(2, 5, device="tpu"))
@@ -211,7 +213,7 @@ def test_gradients_flow_to_padded_input(fresh):
 def test_masking_is_what_makes_padding_exact(fresh, monkeypatch):
     """Negative control: with the masking rules switched off, padded keys leak into the
     attention and the results differ from CPU. (Shows the equality tests can fail.)"""
-    monkeypatch.setattr(bucketing._Masker, "visit", lambda self, n: None)
+    monkeypatch.setattr(masking._Masker, "visit", lambda self, n: None)
     cpu, tpu = _pair(nn.TransformerEncoderLayer, 16, 2, 32, dropout=0.0, batch_first=True)
     compiled = torch.compile(tpu, backend="tpu", dynamic=True)
     x = torch.randn(2, 5, 16)  # bucket 8: three padded keys
