@@ -53,7 +53,7 @@ try:
 except Exception as _e:  # noqa: BLE001  (a broken Dynamo must not break `import torch`)
     import warnings as _warnings
 
-    _warnings.warn(f"torch_tpu: torch.compile backend 'tpu' not registered: {_e}")
+    _warnings.warn(f"torch_tpu: torch.compile backend 'tpu' not registered: {_e}", stacklevel=2)
 
 from ._version import __version__  # noqa: E402
 

@@ -30,7 +30,7 @@ Public API:
 import sys
 
 from . import dynamic
-from .backend import compile_static, register, tpu_backend
+from .backend import compile_static, register, tpu_backend  # noqa: F401  (register: called by torch_tpu)
 from .stats import compile_stats, reset_compile_stats
 
 # The dynamic-shape package's former name, which user code and older docs use.

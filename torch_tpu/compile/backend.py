@@ -5,7 +5,7 @@ import importlib.abc
 import importlib.util
 import logging
 import sys
-from typing import Callable, List, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
@@ -139,13 +139,13 @@ def _has_symbolic_inputs(example_inputs: Sequence) -> bool:
 def _compile_graph(kind: str):
     """The fw / bw / inference compiler for AOTAutograd."""
 
-    def compiler(gm: torch.fx.GraphModule, example_inputs: List):
+    def compiler(gm: torch.fx.GraphModule, example_inputs: list):
         return graph_compiler.compile_fx_graph(gm, example_inputs, kind)
 
     return compiler
 
 
-def compile_static(gm: torch.fx.GraphModule, example_inputs: List) -> Callable:
+def compile_static(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     """Compile a Dynamo FX graph with static shapes: AOTAutograd (core ATen
     decompositions) splits it into forward and backward graphs, and each becomes a
     program of fused kernels and library calls on the tpu device.
@@ -177,7 +177,7 @@ def compile_static(gm: torch.fx.GraphModule, example_inputs: List) -> Callable:
 _MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-def tpu_backend(gm: torch.fx.GraphModule, example_inputs: List, *, mode=None, options=None) -> Callable:
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode=None, options=None) -> Callable:
     """The ``"tpu"`` Dynamo backend (``torch.compile(model, backend="tpu")``).
 
     ``mode`` (one of ``default``, ``reduce-overhead``, ``max-autotune``,

@@ -9,7 +9,8 @@ intermediates, tiled sizes), which :func:`.program.check_memory` compares with t
 
 import heapq
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -17,15 +18,24 @@ import torch.fx
 from .. import _C
 from .cache import FORMAT_VERSION, Uncacheable
 from .description import encode, object_table, op_name, records_to_json, slots_in, step_reads, target_name, type_str
-from .lowering import TPU, data_inputs, dense_strides, fusible, is_tpu_tensor, lower, node_value, physical_bytes, \
-    returns_alias
+from .lowering import (
+    TPU,
+    data_inputs,
+    dense_strides,
+    fusible,
+    is_tpu_tensor,
+    lower,
+    node_value,
+    physical_bytes,
+    returns_alias,
+)
 
 _RC = _C._compile
 MAX_REGION_NODES = 512
 
 
 def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: str,
-                      objects: Optional[List[Any]] = None) -> Dict[str, Any]:
+                      objects: list[Any] | None = None) -> dict[str, Any]:
     """See :func:`_build_description`; `objects`: a list that takes the Python objects
     plain data cannot name (then the description is for this process only)."""
     with object_table(objects):
@@ -35,7 +45,7 @@ def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: 
     return desc
 
 
-def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: str) -> Dict[str, Any]:
+def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: str) -> dict[str, Any]:
     """Lower `gm` to a program description (plain data), see the module docstring;
     its peak physical HBM bytes are in it (``check_memory`` compares them with the chip).
 
@@ -51,11 +61,11 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
 
     # ---- partition into regions (cycle-free through library calls)
     fusible_nodes = {n for n in body if fusible(n)}
-    region_of: Dict[torch.fx.Node, int] = {}
+    region_of: dict[torch.fx.Node, int] = {}
     # regions each node depends on (itself included): n may join region R unless
     # an input outside R depends on R, which would make R wait for itself
-    anc: Dict[torch.fx.Node, frozenset] = {}
-    region_size: List[int] = []
+    anc: dict[torch.fx.Node, frozenset] = {}
+    region_size: list[int] = []
     empty = frozenset()
     for n in body:
         ins = n.all_input_nodes
@@ -88,16 +98,16 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
             del region_of[n]
 
     # ---- steps: condensed DAG in topological order (stable by first node)
-    step_of: Dict[torch.fx.Node, Tuple[str, int]] = {}
-    groups: Dict[Tuple[str, int], List[torch.fx.Node]] = {}
-    order_key: Dict[Tuple[str, int], int] = {}
+    step_of: dict[torch.fx.Node, tuple[str, int]] = {}
+    groups: dict[tuple[str, int], list[torch.fx.Node]] = {}
+    order_key: dict[tuple[str, int], int] = {}
     for i, n in enumerate(body):
         k = ("r", region_of[n]) if n in region_of else ("n", i)
         step_of[n] = k
         groups.setdefault(k, []).append(n)
         order_key.setdefault(k, i)
-    preds: Dict[Any, set] = {k: set() for k in groups}
-    succs: Dict[Any, set] = {k: set() for k in groups}
+    preds: dict[Any, set] = {k: set() for k in groups}
+    succs: dict[Any, set] = {k: set() for k in groups}
     for n in body:
         for a in n.all_input_nodes:
             if a in step_of and step_of[a] != step_of[n]:
@@ -118,7 +128,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
         raise RuntimeError("torch.compile(backend='tpu'): internal error, cyclic step graph")
 
     # ---- slots
-    slot_of: Dict[torch.fx.Node, int] = {}
+    slot_of: dict[torch.fx.Node, int] = {}
     for i, p in enumerate(placeholders):
         slot_of[p] = i
     next_slot = len(placeholders)
@@ -130,8 +140,8 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     graph_outputs = set()
     torch.fx.node.map_arg(out_args, lambda x: graph_outputs.add(x))
 
-    steps: List[Dict[str, Any]] = []
-    step_nodes: List[List[torch.fx.Node]] = []
+    steps: list[dict[str, Any]] = []
+    step_nodes: list[list[torch.fx.Node]] = []
     device_index = 0
     for p in placeholders:
         v = node_value(p)
@@ -142,8 +152,8 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
         members = groups[k]
         if k[0] == "r":
             r = _RC.Region()
-            vals: Dict[torch.fx.Node, Any] = {}
-            inputs: List[torch.fx.Node] = []
+            vals: dict[torch.fx.Node, Any] = {}
+            inputs: list[torch.fx.Node] = []
             member_set = set(members)
             ops = []
             for n in members:
@@ -194,7 +204,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     steps, step_nodes = _batch_copies(steps, step_nodes, slot_of)
 
     # ---- liveness: a slot is dropped after its last use; a view keeps its base alive
-    last_use: Dict[int, int] = {}
+    last_use: dict[int, int] = {}
     for i, st in enumerate(steps):
         for s in step_reads(st):
             last_use[s] = i
@@ -202,7 +212,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     out_enc = encode(out_args, slot_of)
     for s in slots_in(out_enc):
         last_use[s] = end
-    free_after: List[List[int]] = [[] for _ in range(end + 1)]
+    free_after: list[list[int]] = [[] for _ in range(end + 1)]
     for s, i in last_use.items():
         if i < end:
             free_after[i].append(s)
@@ -213,14 +223,14 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
                 free_after[i].append(s)
 
     # ---- peak physical HBM bytes
-    root: Dict[torch.fx.Node, torch.fx.Node] = {}
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
     for n in body:
         base = n
         if n.op == "call_function" and returns_alias(n.target) and n.args and isinstance(n.args[0], torch.fx.Node):
             base = root.get(n.args[0], n.args[0])
         root[n] = base
     node_of_slot = {s: n for n, s in slot_of.items()}
-    root_last: Dict[torch.fx.Node, int] = {}
+    root_last: dict[torch.fx.Node, int] = {}
     for s, i in last_use.items():
         n = node_of_slot[s]
         r0 = root.get(n, n)
@@ -240,7 +250,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     live = 0
     peak = 0
     peak_step = -1
-    frees_at: Dict[int, int] = {}
+    frees_at: dict[int, int] = {}
     for i, nodes_i in enumerate(step_nodes):
         for n in nodes_i if steps[i]["kind"] == "region" else [nodes_i[0]]:
             if root.get(n, n) is not n:
@@ -300,7 +310,7 @@ def _batch_copies(steps, step_nodes, slot_of):
     return out_steps, out_nodes
 
 
-def _output_types(out_args) -> List[str]:
+def _output_types(out_args) -> list[str]:
     types = []
     torch.fx.node.map_arg(out_args, lambda n: types.append(type_str(node_value(n))))
     return types

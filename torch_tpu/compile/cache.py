@@ -22,7 +22,8 @@ import os
 import tempfile
 import threading
 import warnings
-from typing import Any, Dict, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -41,7 +42,7 @@ class Uncacheable(Exception):
     """A program that cannot be described by plain data, so has no key (it still runs)."""
 
 
-_memory: Dict[str, Dict[str, Any]] = {}
+_memory: dict[str, dict[str, Any]] = {}
 _lock = threading.Lock()
 _warned_corrupt = False
 
@@ -57,7 +58,7 @@ def _disabled() -> bool:
     return os.environ.get("TORCH_TPU_CACHE_DIR", None) == ""
 
 
-_static_part: Optional[str] = None
+_static_part: str | None = None
 
 
 def _static_key() -> str:
@@ -108,12 +109,12 @@ def program_key(gm: torch.fx.GraphModule, example_inputs: Sequence) -> str:
     return h.hexdigest()
 
 
-def memory_get(key: str) -> Optional[Dict[str, Any]]:
+def memory_get(key: str) -> dict[str, Any] | None:
     with _lock:
         return _memory.get(key)
 
 
-def memory_put(key: str, desc: Dict[str, Any]) -> None:
+def memory_put(key: str, desc: dict[str, Any]) -> None:
     with _lock:
         _memory[key] = desc
 
@@ -128,7 +129,7 @@ def _path(key: str) -> str:
     return os.path.join(cache_dir(), key + ".json")
 
 
-def disk_get(key: str) -> Optional[Dict[str, Any]]:
+def disk_get(key: str) -> dict[str, Any] | None:
     """The description stored for `key`, or None (absent, or corrupted: then removed)."""
     if _disabled():
         return None
@@ -182,7 +183,7 @@ def _report_corrupt(path: str, e: Exception) -> None:
     log.warning(msg)
 
 
-def disk_put(key: str, desc: Dict[str, Any]) -> None:
+def disk_put(key: str, desc: dict[str, Any]) -> None:
     """Store `desc` atomically (temporary file + os.replace); errors only log."""
     if _disabled():
         return

@@ -13,7 +13,7 @@ import contextlib
 import importlib
 import operator
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import torch
 import torch.fx
@@ -21,7 +21,7 @@ import torch.fx
 from .cache import Uncacheable
 
 
-def op_name(target) -> Optional[str]:
+def op_name(target) -> str | None:
     """"aten::add.Tensor" for an OpOverload (default overload: "aten::exp.default")."""
     if isinstance(target, torch._ops.OpOverload):
         return f"{target._schema.name}.{target._overloadname}"
@@ -51,7 +51,7 @@ _tls = threading.local()
 
 
 @contextlib.contextmanager
-def object_table(objects: Optional[List[Any]]):
+def object_table(objects: list[Any] | None):
     """Within it, :func:`encode` / :func:`target_name` put what plain data cannot name into
     `objects` (None: they raise Uncacheable), and :func:`decode` / :func:`resolve_op` read it."""
     _tls.objects = objects
@@ -174,7 +174,7 @@ def records_from_json(j):
     return (rec_ops, list(outs))
 
 
-def slots_in(enc) -> List[int]:
+def slots_in(enc) -> list[int]:
     """The slots an encoded argument reads."""
     out = []
 
@@ -193,7 +193,7 @@ def slots_in(enc) -> List[int]:
     return out
 
 
-def step_reads(st) -> List[int]:
+def step_reads(st) -> list[int]:
     """The slots a step reads."""
     if st["kind"] == "region":
         return list(st["inputs"])
@@ -204,7 +204,7 @@ def step_reads(st) -> List[int]:
     return slots_in(st["args"]) + slots_in(st["kwargs"])
 
 
-def library_ops(desc: Dict[str, Any]) -> List[str]:
+def library_ops(desc: dict[str, Any]) -> list[str]:
     """ATen ops a program runs as library calls, once per call (batched copies included)."""
     out = []
     for st in desc["steps"]:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def interface_class() -> type:
     """The ``TpuInterface`` class (built once)."""
     from torch._dynamo import device_interface as _di

@@ -20,7 +20,7 @@ import logging
 import operator
 import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 import torch
 import torch.fx
@@ -36,7 +36,7 @@ log = logging.getLogger("torch_tpu.compile")
 
 def _cse(gm: torch.fx.GraphModule) -> int:
     """Merges call_function nodes with the same target and arguments (pure ops only)."""
-    seen: Dict[Any, torch.fx.Node] = {}
+    seen: dict[Any, torch.fx.Node] = {}
     removed = 0
 
     def key_of(a):
@@ -74,7 +74,7 @@ def _cse(gm: torch.fx.GraphModule) -> int:
     return removed
 
 
-def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: List, kind: str):
+def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: list, kind: str):
     """AOTAutograd's compiler for one graph: the program for `gm` (boxed callable).
 
     Looks the program up in memory, then on disk (``TORCH_TPU_CACHE_DIR``), and
@@ -91,7 +91,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: List, kind: str):
                                 if n.op == "call_function" and op_name(n.target))
         run_gm = gm.forward
 
-        def run_dynamic(args: List) -> List:
+        def run_dynamic(args: list) -> list:
             a = list(args)
             args.clear()
             out = run_gm(*a)
@@ -149,7 +149,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: List, kind: str):
         dump_program(dump, desc, key or "uncached", kind)
     log.debug("%s: %d steps, %d regions (%d kernels), %d library calls, from %s", name, len(desc["steps"]),
               len(prog.regions), prog.num_kernels, len(library_ops(desc)), source)
-    def run(args: List) -> List:
+    def run(args: list) -> list:
         return prog(args)
 
     run._boxed_call = True  # AOTAutograd passes one list, which the program empties

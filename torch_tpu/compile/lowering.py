@@ -3,7 +3,6 @@ node into an IR region (``torch_tpu._C._compile.Region``), with the value facts 
 program builder needs (strides, physical bytes, aliasing)."""
 
 import operator
-from typing import List
 
 import torch
 import torch.fx
@@ -71,7 +70,7 @@ _FACTORIES = {
 }
 
 
-def data_inputs(n) -> List[torch.fx.Node]:
+def data_inputs(n) -> list[torch.fx.Node]:
     """The inputs whose values a node reads (a full_like reads only its input's shape)."""
     if op_name(n.target) in _FACTORIES:
         return []
@@ -114,7 +113,7 @@ def lower(region, n, vals):
     return region.lower(schema.name, n.target._overloadname, args, kwargs, [(out.dtype, list(out.shape))])
 
 
-def dense_strides(v) -> List[int]:
+def dense_strides(v) -> list[int]:
     """The FX value's strides when they are a permutation of dense ones (eager's
     layout, which later views may rely on); [] for row-major or anything else."""
     shape, stride = list(v.shape), list(v.stride())

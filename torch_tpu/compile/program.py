@@ -2,7 +2,7 @@
 resolved ops) and run step by step over its slots; and the check of its peak HBM bytes
 against the chip's capacity."""
 
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import torch
 import torch.fx
@@ -23,7 +23,7 @@ class Program:
 
     _boxed_call = True
 
-    def __init__(self, desc: Dict[str, Any], gm: Optional[torch.fx.GraphModule] = None, name: str = "program"):
+    def __init__(self, desc: dict[str, Any], gm: torch.fx.GraphModule | None = None, name: str = "program"):
         self.desc = desc
         self.name = name
         self.regions = []
@@ -96,7 +96,7 @@ class Program:
 
         return run_call
 
-    def _error(self, i: int, env: List, e: Exception) -> Exception:
+    def _error(self, i: int, env: list, e: Exception) -> Exception:
         """`e` re-raised with the step that failed: its op and its inputs' shapes, dtypes, devices."""
         st = self.desc["steps"][i]
         what = "fused region of " + ", ".join(st["ops"]) if st["kind"] == "region" else st.get("op", st["kind"])
@@ -114,13 +114,13 @@ class Program:
         except Exception:  # noqa: BLE001 (exception types with other constructors)
             return RuntimeError(msg)
 
-    def __call__(self, args: List) -> List:
+    def __call__(self, args: list) -> list:
         env = [None] * self._num_slots
         n = self._num_inputs
         env[:n] = args[:n]
         args.clear()
         try:
-            for i, (run, frees) in enumerate(self._plan):
+            for i, (run, frees) in enumerate(self._plan):  # noqa: B007  (i names the failing step)
                 run(env)
                 for s in frees:
                     env[s] = None
@@ -147,7 +147,7 @@ def _out_of_memory(msg: str) -> Exception:
     return ProgramOutOfMemoryError(msg, first_useful_frame=None)
 
 
-def check_memory(desc: Dict[str, Any], kind: str) -> None:
+def check_memory(desc: dict[str, Any], kind: str) -> None:
     """Raise torch.OutOfMemoryError when the program's peak exceeds the chip's HBM."""
     peak = desc["input_bytes"] + desc["peak_intermediate_bytes"]
     dev = desc["device"]

@@ -3,7 +3,7 @@ fused region, a ``main`` calling them in order, library calls as ``stablehlo.cus
 
 import logging
 import os
-from typing import Any, Dict
+from typing import Any
 
 import torch
 
@@ -15,7 +15,7 @@ log = logging.getLogger("torch_tpu.compile")
 _RC = _C._compile
 
 
-def to_stablehlo(desc: Dict[str, Any], name: str = "program") -> str:
+def to_stablehlo(desc: dict[str, Any], name: str = "program") -> str:
     """The program as StableHLO text: one func.func per fused region and a
     ``main`` that calls them in order, with library calls as
     ``stablehlo.custom_call @<ATen op>``."""
@@ -24,7 +24,7 @@ def to_stablehlo(desc: Dict[str, Any], name: str = "program") -> str:
              f"{len(library_ops(desc))} library calls; peak {desc['input_bytes'] + desc['peak_intermediate_bytes']} "
              f"physical HBM bytes ({desc['input_bytes']} inputs)",
              f"module @{name} {{"]
-    types: Dict[int, str] = {}
+    types: dict[int, str] = {}
     for i, t in enumerate(desc["input_types"]):
         types[i] = t
     body = []
@@ -51,7 +51,8 @@ def to_stablehlo(desc: Dict[str, Any], name: str = "program") -> str:
                             f"{{backend_config = \"batched\"}} : ({types.get(d, '!torch.any')}, "
                             f"{types.get(src, '!torch.any')}) -> !torch.any")
         elif st["kind"] == "getattr":
-            body.append(f"    %{st['outputs'][0]} = \"torch.constant\"() {{name = \"{st['name']}\"}} : () -> !torch.any")
+            body.append(f"    %{st['outputs'][0]} = \"torch.constant\"() {{name = \"{st['name']}\"}}"
+                        " : () -> !torch.any")
         else:
             reads = slots_in(st["args"]) + slots_in(st["kwargs"])
             ins = ", ".join(f"%{s}" for s in reads)

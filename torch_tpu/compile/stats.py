@@ -11,14 +11,15 @@ import collections
 import logging
 import sys
 import threading
-from typing import Any, Callable, Dict, Optional
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("torch_tpu.compile")
 
 _lock = threading.Lock()
 
 
-def _fresh_compile() -> Dict[str, Any]:
+def _fresh_compile() -> dict[str, Any]:
     return {
         "compilations": 0,
         "cache_hits_memory": 0,
@@ -35,11 +36,11 @@ def _fresh_compile() -> Dict[str, Any]:
     }
 
 
-def _fresh_bucketing() -> Dict[str, Any]:
+def _fresh_bucketing() -> dict[str, Any]:
     return {"bucket_compilations": 0, "exact_compilations": 0, "calls": 0, "padded_calls": 0, "reasons": []}
 
 
-_stats: Dict[str, Any] = {**_fresh_compile(), **_fresh_bucketing()}
+_stats: dict[str, Any] = {**_fresh_compile(), **_fresh_bucketing()}
 
 
 def add(key: str, value=1) -> None:
@@ -57,7 +58,7 @@ def count_library_ops(names) -> None:
         _stats["library_calls"].update(names)
 
 
-def note_bucketing(kind: Optional[str], reason: str) -> None:
+def note_bucketing(kind: str | None, reason: str) -> None:
     """A bucketing decision: counts ``kind`` (a key of :func:`bucket_stats`, or None) and
     records ``reason`` in both ``bucket_stats()["reasons"]`` and ``recompile_reasons``."""
     with _lock:
@@ -68,7 +69,7 @@ def note_bucketing(kind: Optional[str], reason: str) -> None:
     log.info("%s", reason)
 
 
-def _snapshot(keys) -> Dict[str, Any]:
+def _snapshot(keys) -> dict[str, Any]:
     """The counters named by ``keys``, with Counters and lists copied (callers may keep them)."""
     with _lock:
         out = {}
@@ -78,7 +79,7 @@ def _snapshot(keys) -> Dict[str, Any]:
         return out
 
 
-def compile_stats() -> Dict[str, Any]:
+def compile_stats() -> dict[str, Any]:
     """Counters of ``torch.compile(backend="tpu")`` since the process started (or
     :func:`reset_compile_stats`).
 
@@ -110,7 +111,7 @@ def reset_compile_stats() -> None:
         _stats.update(_fresh_compile())
 
 
-def bucket_stats() -> Dict[str, Any]:
+def bucket_stats() -> dict[str, Any]:
     """Counters of the bucketing layer since the process started (or
     :func:`reset_bucket_stats`).
 
@@ -131,7 +132,7 @@ def reset_bucket_stats() -> None:
 
 # ---------------------------------------------------------------- Dynamo events
 
-_seen_breaks: Dict[Any, int] = {}  # Dynamo's graph-break counters at the last look
+_seen_breaks: dict[Any, int] = {}  # Dynamo's graph-break counters at the last look
 
 
 def note_dynamo_events() -> None:

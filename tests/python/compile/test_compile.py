@@ -15,10 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_tpu
-from torch_tpu.compile import cache as program_cache
-
 from helpers.paths import EXAMPLES_DIR
-
+from torch_tpu.compile import cache as program_cache
 
 
 @pytest.fixture(autouse=True)
@@ -44,8 +42,9 @@ def test_backend_and_device_interface_registered():
     iface = get_interface_for_device("tpu")
     assert iface.device_count() == torch.tpu.device_count()
     assert iface.is_available() and iface.get_device_properties().total_memory > 0
-    from torch_tpu.compile import tpu_backend
     from torch._dynamo.backends.registry import lookup_backend
+
+    from torch_tpu.compile import tpu_backend
 
     assert lookup_backend("tpu") is tpu_backend
 
@@ -144,7 +143,7 @@ def test_graph_plain_data_cannot_describe_runs_uncached(caplog):
 
 
 def test_gpt_training_step_with_compiled_adamw_matches_cpu():
-    from torch_tpu.estimate.models.gpt import GPT, GPTConfig, PRESETS, make_optimizer
+    from torch_tpu.estimate.models.gpt import GPT, PRESETS, GPTConfig, make_optimizer
 
     torch.manual_seed(0)
     cfg = GPTConfig(seq_len=16, **PRESETS["tiny"])

@@ -123,7 +123,7 @@ def test_transformer_50_lengths_at_most_8_compilations(fresh):
             x = torch.randn(2, n, 32)
             out = compiled(x.to("tpu"))
             assert out.shape == (2, n, 32)
-            torch.testing.assert_close(out.cpu(), cpu(x), **TOL, msg=lambda m: f"length {n}: {m}")
+            torch.testing.assert_close(out.cpu(), cpu(x), **TOL, msg=lambda m, n=n: f"length {n}: {m}")
     st = bucketing.bucket_stats()
     assert len(fresh) <= 8, fresh
     assert 1 <= st["bucket_compilations"] <= 6 and st["exact_compilations"] == 0, st
@@ -185,7 +185,7 @@ def test_training_step_50_lengths_gradients_equal_cpu(fresh):
         torch.testing.assert_close(logits.detach().cpu(), logits_ref.detach(), **TOL)
         for (name, p), q in zip(tpu.named_parameters(), cpu.parameters()):
             torch.testing.assert_close(p.grad.cpu(), q.grad, **TOL,
-                                       msg=lambda m: f"length {n}, grad of {name}: {m}")
+                                       msg=lambda m, n=n, name=name: f"length {n}, grad of {name}: {m}")
         tpu.zero_grad()
         cpu.zero_grad()
     st = bucketing.bucket_stats()
@@ -297,7 +297,7 @@ def test_ops_over_the_padded_dim(fresh, f):
         x = torch.randn(2, n, 4)
         for k, (got, want) in enumerate(zip(compiled(x.to("tpu")), f(x))):
             torch.testing.assert_close(got.cpu(), want, **TOL,
-                                       msg=lambda m: f"length {n}, output {k}: {m}")
+                                       msg=lambda m, n=n, k=k: f"length {n}, output {k}: {m}")
     st = bucketing.bucket_stats()
     assert st["bucket_compilations"] == 2 and st["exact_compilations"] == 0, st  # 8 and 4
 
@@ -323,7 +323,7 @@ def test_dynamic_batch_with_batch_reductions(fresh):
         outs = compiled(x.to("tpu"), w.to("tpu"))
         for got, want in zip(outs, f(x, w)):
             assert got.shape == want.shape
-            torch.testing.assert_close(got.cpu(), want, **TOL, msg=lambda m: f"batch {b}: {m}")
+            torch.testing.assert_close(got.cpu(), want, **TOL, msg=lambda m, b=b: f"batch {b}: {m}")
     st = bucketing.bucket_stats()
     assert st["bucket_compilations"] == 3 and st["exact_compilations"] == 0, st  # 4, 8, 2
 

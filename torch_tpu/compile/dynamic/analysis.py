@@ -3,7 +3,7 @@ come from, its outputs' size expressions, and why (if so) padding cannot be made
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 import torch.fx
@@ -40,25 +40,25 @@ _SYM_ARITH = {operator.add, operator.sub, operator.mul, operator.floordiv, opera
 @dataclass
 class Analysis:
     # placeholder index -> {dim: symbol} for dims whose size is a bare dynamic symbol
-    dyn_dims: Dict[int, Dict[int, Any]]
-    symbols: List[Any]  # bucketed symbols, in a fixed order
+    dyn_dims: dict[int, dict[int, Any]]
+    symbols: list[Any]  # bucketed symbols, in a fixed order
     # symbol -> (placeholder index, dim) or (placeholder index, None) for SymInt inputs
-    sources: Dict[Any, Tuple[int, Optional[int]]]
-    symint_inputs: Dict[int, Any]  # placeholder index -> sympy expr of a SymInt input
-    item_inputs: List[int]  # 0-dim tensor inputs read with .item() (folded as constants)
-    tensor_inputs: List[int]  # placeholder indices passed to the bucket program
-    out_exprs: List[Optional[Tuple[Any, ...]]]  # per output: size exprs (None: not a tensor)
-    unsupported: Optional[str] = None
-    grad_cut: Optional[str] = None  # a detach / no_grad node (kept only by the exact path)
+    sources: dict[Any, tuple[int, int | None]]
+    symint_inputs: dict[int, Any]  # placeholder index -> sympy expr of a SymInt input
+    item_inputs: list[int]  # 0-dim tensor inputs read with .item() (folded as constants)
+    tensor_inputs: list[int]  # placeholder indices passed to the bucket program
+    out_exprs: list[tuple[Any, ...] | None]  # per output: size exprs (None: not a tensor)
+    unsupported: str | None = None
+    grad_cut: str | None = None  # a detach / no_grad node (kept only by the exact path)
 
 
 def analyze(gm: torch.fx.GraphModule) -> Analysis:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    dyn_dims: Dict[int, Dict[int, Any]] = {}
-    sources: Dict[Any, Tuple[int, Optional[int]]] = {}
-    symint_inputs: Dict[int, Any] = {}
-    item_inputs: List[int] = []
-    tensor_inputs: List[int] = []
+    dyn_dims: dict[int, dict[int, Any]] = {}
+    sources: dict[Any, tuple[int, int | None]] = {}
+    symint_inputs: dict[int, Any] = {}
+    item_inputs: list[int] = []
+    tensor_inputs: list[int] = []
     all_tensor_syms = set()
     unsupported = None
 
@@ -100,7 +100,7 @@ def analyze(gm: torch.fx.GraphModule) -> Analysis:
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outs = out_node.args[0]
     outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-    out_exprs: List[Optional[Tuple[Any, ...]]] = []
+    out_exprs: list[tuple[Any, ...] | None] = []
     for o in outs:
         ev = example_value(o) if isinstance(o, torch.fx.Node) else None
         if isinstance(ev, torch.Tensor):
@@ -143,7 +143,7 @@ def _is_symbolic_value(v) -> bool:
     return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
-def _check_size_uses(gm: torch.fx.GraphModule, symbols) -> Optional[str]:
+def _check_size_uses(gm: torch.fx.GraphModule, symbols) -> str | None:
     """A dynamic size used as a *value* (``x / x.size(1)``) would see the bucket size, and
     ``narrow`` with a negative start counts from the padded end (the ATen trace no longer
     shows it; negative ``slice`` / ``select`` bounds are handled by the masking pass): say

@@ -4,7 +4,8 @@ masking, the static pipeline) or falls back to the exact shape, and runs it padd
 
 import logging
 import threading
-from typing import Any, Callable, Dict, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -12,8 +13,8 @@ import torch.fx
 from .. import stats
 from .analysis import analyze
 from .config import get_buckets
-from .masking import mask_padded_graph
 from .mask import simple
+from .masking import mask_padded_graph
 from .padding import input_device, length_tensor, pad_inputs, unpad_outputs
 from .retrace import fold_item_inputs, trace_static
 from .unsupported import Unsupported
@@ -28,7 +29,7 @@ class _BucketedFunction:
         self.gm = gm
         self.compile_static = compile_static
         self.analysis = analyze(gm)
-        self.programs: Dict[Any, Callable] = {}
+        self.programs: dict[Any, Callable] = {}
         self.exact_syms = set()  # dynamic sizes whose padding the masking cannot make safe
         self.lock = threading.RLock()  # a bucket found unsupported falls back to _run_exact under it
         self.unsupported = self.analysis.unsupported
@@ -36,7 +37,7 @@ class _BucketedFunction:
             log.info("bucketing off for this graph: %s", self.unsupported)
 
     # sizes -------------------------------------------------------------
-    def _true_sizes(self, args) -> Dict[Any, int]:
+    def _true_sizes(self, args) -> dict[Any, int]:
         vals = {}
         for s, (i, d) in self.analysis.sources.items():
             a = args[i]

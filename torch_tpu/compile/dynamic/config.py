@@ -4,7 +4,6 @@
 import os
 import threading
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
 
 ENV_VAR = "TORCH_TPU_COMPILE_BUCKETS"
 DEFAULT_SPEC = "1,2,4,8,16,32,64,128,+128"
@@ -21,11 +20,11 @@ class BucketConfig:
         enabled: ``False`` (spec ``"off"``): every dynamic shape is compiled exactly.
     """
 
-    sizes: Tuple[int, ...]
-    step: Optional[int]
+    sizes: tuple[int, ...]
+    step: int | None
     enabled: bool = True
 
-    def bucket(self, n: int) -> Optional[int]:
+    def bucket(self, n: int) -> int | None:
         """The bucket for a dimension of true size ``n``, or ``None`` when ``n`` has none
         (bucketing off, or past the largest size with no step)."""
         if not self.enabled:
@@ -87,7 +86,7 @@ def parse_buckets(spec) -> BucketConfig:
     if not items or items == [""]:
         raise _config_error(f"{ENV_VAR}: empty bucket specification {spec!r}; expected e.g. "
                          f"'{DEFAULT_SPEC}' or 'off'")
-    sizes: List[int] = []
+    sizes: list[int] = []
     step = None
     for i, t in enumerate(items):
         is_step = t.startswith("+")
@@ -114,7 +113,7 @@ def parse_buckets(spec) -> BucketConfig:
 
 
 _config_lock = threading.Lock()
-_config: Optional[BucketConfig] = None
+_config: BucketConfig | None = None
 
 
 def get_buckets() -> BucketConfig:

@@ -2,8 +2,9 @@
 true on entries derived from real data, with a per-dim layout) and :class:`MaskGraph`,
 which builds, combines and applies them as graph nodes."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any
 
 import torch
 import torch.fx
@@ -32,8 +33,8 @@ class Mask:
     (every dim of size > 1 has one), so views can rebuild it without materializing it."""
 
     node: torch.fx.Node
-    shape: Tuple[int, ...]
-    prefix: Dict[int, Any] = field(default_factory=dict)
+    shape: tuple[int, ...]
+    prefix: dict[int, Any] = field(default_factory=dict)
     exact: bool = False
 
 
@@ -105,7 +106,7 @@ def view_groups(a: Sequence[int], b: Sequence[int]):
     return groups
 
 
-def syms_of(*masks, dims=None) -> Optional[frozenset]:
+def syms_of(*masks, dims=None) -> frozenset | None:
     """The dynamic sizes a set of masks pads, along ``dims`` if given (``None`` when a
     mask dim has no layout)."""
     out = set()
@@ -123,7 +124,7 @@ def syms_of(*masks, dims=None) -> Optional[frozenset]:
     return frozenset(out)
 
 
-def blame(msg: str, m: Optional[Mask] = None, dims: Sequence[int] = ()) -> Unsupported:
+def blame(msg: str, m: Mask | None = None, dims: Sequence[int] = ()) -> Unsupported:
     """An :class:`Unsupported` blaming the sizes padded along ``dims`` of mask ``m``."""
     e = Unsupported(msg)
     if m is not None and dims:
@@ -140,9 +141,9 @@ class MaskGraph:
         self.g = gm.graph
         self.symbols = list(symbols)
         self.device = device
-        self.masks: Dict[torch.fx.Node, Any] = {}
-        self._cache: Dict[Any, torch.fx.Node] = {}
-        self.len_nodes: Dict[Any, torch.fx.Node] = {}  # symbol -> its true-length placeholder
+        self.masks: dict[torch.fx.Node, Any] = {}
+        self._cache: dict[Any, torch.fx.Node] = {}
+        self.len_nodes: dict[Any, torch.fx.Node] = {}  # symbol -> its true-length placeholder
 
     def call(self, op, *args, **kwargs) -> torch.fx.Node:
         return self.g.call_function(op, args, kwargs)
@@ -194,7 +195,7 @@ class MaskGraph:
         shape[dim] = size
         return Mask(node, tuple(shape), {dim: subs}, exact=True)
 
-    def both(self, a: Optional[Mask], b: Optional[Mask], ndim: int) -> Optional[Mask]:
+    def both(self, a: Mask | None, b: Mask | None, ndim: int) -> Mask | None:
         """Logical and of two masks, aligned (right) to ``ndim`` dims."""
         if a is None and b is None:
             return None
@@ -247,10 +248,10 @@ class MaskGraph:
 
         return self.cached(key, make)
 
-    def mask_of(self, a) -> Optional[Mask]:
+    def mask_of(self, a) -> Mask | None:
         return self.masks.get(a) if isinstance(a, torch.fx.Node) else None
 
-    def reduce_mask(self, m: Optional[Mask], dims: Sequence[int], keepdim: bool) -> Optional[Mask]:
+    def reduce_mask(self, m: Mask | None, dims: Sequence[int], keepdim: bool) -> Mask | None:
         """Mask of a reduction's result over ``dims``: true where any reduced entry was real."""
         if m is None:
             return None
@@ -285,7 +286,7 @@ class MaskGraph:
             c = self.call(aten.squeeze.dims, c, list(dims))
         return self.call(aten.clamp_min.default, c, 1)
 
-    def drop_dim(self, m: Mask, d: int) -> Optional[Mask]:
+    def drop_dim(self, m: Mask, d: int) -> Mask | None:
         """``m`` with dim ``d`` made trivial (valid along ``d``); needs ``d`` separable."""
         others = [k for k in range(len(m.shape)) if m.shape[k] != 1 and k != d]
         if not others:

@@ -6,7 +6,8 @@ from the rule modules; an op not in it that is tagged ``pointwise`` carries its 
 masks; any other op that reads a padded tensor raises :class:`~.unsupported.Unsupported`."""
 
 import operator
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -21,8 +22,8 @@ aten = torch.ops.aten
 Rule = Callable[[MaskGraph, torch.fx.Node], None]
 
 
-def _rule_table(*tables: Dict[Any, Rule]) -> Dict[Any, Rule]:
-    out: Dict[Any, Rule] = {}
+def _rule_table(*tables: dict[Any, Rule]) -> dict[Any, Rule]:
+    out: dict[Any, Rule] = {}
     for t in tables:
         both = out.keys() & t.keys()
         if both:
@@ -31,7 +32,7 @@ def _rule_table(*tables: Dict[Any, Rule]) -> Dict[Any, Rule]:
     return out
 
 
-RULES: Dict[Any, Rule] = _rule_table(shape_rules.RULES, reduction_rules.RULES, carry_rules.RULES)
+RULES: dict[Any, Rule] = _rule_table(shape_rules.RULES, reduction_rules.RULES, carry_rules.RULES)
 
 # Factories: a fresh tensor has no padded input (retrace marks the ones of dynamic size).
 _FACTORY_OPS = {aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
@@ -40,8 +41,8 @@ _FACTORY_OPS = {aten.full.default, aten.zeros.default, aten.ones.default, aten.e
                 aten.randn.default}
 
 
-def mask_padded_graph(gm: torch.fx.GraphModule, input_dims: Dict[int, Dict[int, Any]], symbols: Sequence[Any],
-                      device: torch.device) -> List[Optional[Any]]:
+def mask_padded_graph(gm: torch.fx.GraphModule, input_dims: dict[int, dict[int, Any]], symbols: Sequence[Any],
+                      device: torch.device) -> list[Any | None]:
     """Rewrites `gm` in place (see the module docstring): one length input per symbol is
     appended to its inputs. Returns the masks of its outputs (None: all real)."""
     masker = _Masker(gm, input_dims, symbols, device)
@@ -53,7 +54,7 @@ class _Masker(MaskGraph):
     """Rewrites a static ATen graph of padded shapes so padded entries never reach a real
     one (see the module docstring)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, input_dims: Dict[int, Dict[int, Any]],
+    def __init__(self, gm: torch.fx.GraphModule, input_dims: dict[int, dict[int, Any]],
                  symbols: Sequence[Any], device: torch.device):
         super().__init__(gm, symbols, device)
         self.input_dims = input_dims  # placeholder index -> {dim: symbol} of padded dims

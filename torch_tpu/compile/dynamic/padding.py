@@ -1,14 +1,13 @@
 """Runtime padding of a bucketed call: the inputs padded to the bucket, the true lengths
 as 0-dim tensors, the outputs sliced back to their true sizes."""
 
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import torch
 
 from .analysis import Analysis
 
-
-_length_cache: Dict[Tuple[str, int], torch.Tensor] = {}
+_length_cache: dict[tuple[str, int], torch.Tensor] = {}
 
 
 def length_tensor(value: int, device: torch.device) -> torch.Tensor:
@@ -30,7 +29,7 @@ def input_device(analysis: Analysis, args) -> torch.device:
     return torch.device("cpu")
 
 
-def pad_inputs(analysis: Analysis, args, buckets: Dict[Any, int]) -> Tuple[List[torch.Tensor], bool, torch.device]:
+def pad_inputs(analysis: Analysis, args, buckets: dict[Any, int]) -> tuple[list[torch.Tensor], bool, torch.device]:
     """The tensor inputs zero-padded to their buckets (``F.pad``: autograd flows back through
     it), whether any needed padding, and the device the programs run on."""
     a = analysis
@@ -43,7 +42,7 @@ def pad_inputs(analysis: Analysis, args, buckets: Dict[Any, int]) -> Tuple[List[
             dev = t.device
         dims = a.dyn_dims.get(i)
         if dims:
-            pad: List[int] = []
+            pad: list[int] = []
             for d in reversed(range(t.dim())):
                 extra = buckets.get(dims[d], t.shape[d]) - t.shape[d] if d in dims else 0
                 pad += [0, extra]
@@ -54,7 +53,7 @@ def pad_inputs(analysis: Analysis, args, buckets: Dict[Any, int]) -> Tuple[List[
     return out, any_pad, dev if dev is not None else torch.device("cpu")
 
 
-def unpad_outputs(analysis: Analysis, outs, true: Dict[Any, int]) -> List:
+def unpad_outputs(analysis: Analysis, outs, true: dict[Any, int]) -> list:
     """Each output narrowed back to its true sizes."""
     env = {s: v for s, v in true.items()}
     res = []

@@ -3,7 +3,8 @@ sizes (or exact ones) into core ATen ops, with tensors created at a dynamic size
 (:data:`FRESH`) for the masking pass."""
 
 import copy
-from typing import Any, Dict, List, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.fx
@@ -15,7 +16,7 @@ from .decompositions import trace_decompositions
 
 
 @torch.library.custom_op("torch_tpu_bucketing::fresh", mutates_args=())
-def _fresh(x: torch.Tensor, dims: List[int], syms: List[int], offsets: List[int]) -> torch.Tensor:
+def _fresh(x: torch.Tensor, dims: list[int], syms: list[int], offsets: list[int]) -> torch.Tensor:
     """Marks a tensor created at a dynamic size (``torch.zeros(b, s)``, ``arange(s)``) in the
     bucket's trace: along ``dims`` its entries past length ``len(syms[i]) + offsets[i]`` are
     padding. The masking pass removes it."""
@@ -79,7 +80,7 @@ class _MarkingInterpreter(torch.fx.Interpreter):
         return True
 
 
-def fold_item_inputs(gm: torch.fx.GraphModule, item_nodes: Dict[torch.fx.Node, float]):
+def fold_item_inputs(gm: torch.fx.GraphModule, item_nodes: dict[torch.fx.Node, float]):
     """A copy of ``gm`` with ``.item()`` of 0-dim tensor inputs (dropout p, eps Dynamo lifted
     to inputs) replaced by their values; the values are part of the bucket key."""
     gm2 = copy.deepcopy(gm)
@@ -94,8 +95,8 @@ def fold_item_inputs(gm: torch.fx.GraphModule, item_nodes: Dict[torch.fx.Node, f
     return gm2
 
 
-def trace_static(gm, analysis: Analysis, args: Sequence, sizes: Dict[Any, int],
-                  extra_syms: Dict[Any, int], symbols: Sequence[Any] = ()):
+def trace_static(gm, analysis: Analysis, args: Sequence, sizes: dict[Any, int],
+                  extra_syms: dict[Any, int], symbols: Sequence[Any] = ()):
     """make_fx trace of ``gm`` (Dynamo graph) on fake inputs whose dynamic dims have the
     sizes in ``sizes`` (bucket or exact). Returns an ATen-level GraphModule taking only the
     tensor inputs (``analysis.tensor_inputs``)."""
@@ -109,7 +110,7 @@ def trace_static(gm, analysis: Analysis, args: Sequence, sizes: Dict[Any, int],
     def size_of(e):
         return int(e.subs(env)) if not e.is_number else int(e)
 
-    consts: Dict[int, Any] = {}
+    consts: dict[int, Any] = {}
     for i, e in analysis.symint_inputs.items():
         consts[i] = size_of(e)
     for i in analysis.item_inputs:

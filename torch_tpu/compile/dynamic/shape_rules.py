@@ -3,7 +3,7 @@ slices, selects, indexing, concatenation, splits. Each rule ``(mk, n)`` sets
 ``mk.masks[n]``, the mask of ``n``'s result, from its inputs' masks, or raises
 :class:`~.unsupported.Unsupported` when padding would land among real entries."""
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 import torch.fx
@@ -18,7 +18,7 @@ def view(mk: MaskGraph, n: torch.fx.Node) -> None:
     mk.masks[n] = _view_mask(mk, n.args[0], list(node_value(n).shape))
 
 
-def _view_mask(mk: MaskGraph, src: torch.fx.Node, out_shape: List[int]) -> Optional[Mask]:
+def _view_mask(mk: MaskGraph, src: torch.fx.Node, out_shape: list[int]) -> Mask | None:
     m = mk.mask_of(src)
     in_shape = list(node_value(src).shape)
     groups = view_groups(in_shape, out_shape)
@@ -56,7 +56,7 @@ def _view_exact(mk: MaskGraph, m: Mask, in_shape, out_shape, groups):
     """An exact mask through a view, rebuilt from per-dim layouts (merged dims keep
     their sub-dims, so ``[B, S] -> [B*S] -> [B, S]`` gets plain prefixes back);
     ``False`` when a padded sub-dim would be split."""
-    descs: Dict[int, Any] = {}
+    descs: dict[int, Any] = {}
     for gi, go in groups:
         subs = []
         for d in gi:
@@ -96,7 +96,7 @@ def _view_exact(mk: MaskGraph, m: Mask, in_shape, out_shape, groups):
     return out
 
 
-def _permuted(m: Mask, node: torch.fx.Node, perm: List[int]) -> Mask:
+def _permuted(m: Mask, node: torch.fx.Node, perm: list[int]) -> Mask:
     return Mask(node, tuple(m.shape[d] for d in perm), {perm.index(d): p for d, p in m.prefix.items()}, m.exact)
 
 
@@ -155,7 +155,7 @@ def slice_(mk: MaskGraph, n: torch.fx.Node) -> None:
     mk.masks[n] = _sliced_mask(mk, n)
 
 
-def _sliced_mask(mk: MaskGraph, n) -> Optional[Mask]:
+def _sliced_mask(mk: MaskGraph, n) -> Mask | None:
     args = n.args
     m = mk.mask_of(args[0])
     nd = len(m.shape)
@@ -215,7 +215,7 @@ def index(mk: MaskGraph, n: torch.fx.Node) -> None:
     mk.masks[n] = _indexed_mask(mk, n)
 
 
-def _arange_source(node) -> Optional[Tuple[int, int]]:
+def _arange_source(node) -> tuple[int, int] | None:
     """``(N, dim)`` when ``node`` is ``arange(N)`` seen through unsqueeze / view / expand /
     ``+ 0`` / copies, laid along its only non-1 ``dim``; else ``None``."""
     v = node_value(node)
@@ -248,7 +248,7 @@ def _arange_source(node) -> Optional[Tuple[int, int]]:
     return None
 
 
-def _indexed_mask(mk: MaskGraph, n) -> Optional[Mask]:
+def _indexed_mask(mk: MaskGraph, n) -> Mask | None:
     """``x[i0, i1, ...]`` (advanced indexing). With index tensors that are ``arange`` over
     a padded dim (``padding_mask[batch_idx, kv_idx]`` in Hugging Face mask builders), the
     dim's layout moves to where its index broadcasts; otherwise validity is gathered
@@ -282,7 +282,7 @@ def _indexed_mask(mk: MaskGraph, n) -> Optional[Mask]:
 def _index_mask(mk: MaskGraph, n, m, x, xv, indices, pos, bnd, adjacent, first, out_nd):
     """The part of ``x[indices]``'s mask that comes from ``x``'s own mask."""
     # where each x dim lands in the output
-    where_: Dict[int, int] = {}
+    where_: dict[int, int] = {}
     rest = [d for d in range(xv.dim()) if d not in pos]
     for k, d in enumerate(rest):
         where_[d] = (k if d < first else k + bnd) if adjacent else bnd + k

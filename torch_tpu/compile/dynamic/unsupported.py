@@ -1,10 +1,9 @@
 """The exception of the bucketing layer: a graph (or one size of it) it cannot pad safely."""
 
-from typing import Optional
 
 
 class Unsupported(Exception):
     """The masking cannot prove a graph pad-safe; the message says why. ``syms``: the
     dynamic sizes whose padding is at fault (``None``: not known)."""
 
-    syms: Optional[frozenset] = None
+    syms: frozenset | None = None
