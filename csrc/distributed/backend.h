@@ -27,7 +27,7 @@
 
 #include "aten/host_alias.h"
 #include "distributed/collectives.h"
-#include "distributed/transport.h"
+#include "distributed/shm_group.h"
 
 namespace torch_tpu::dist {
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/transport.h"
+#include "distributed/shm_group.h"
 #include "vtpu/counters.h"
 #include "vtpu/topology.h"
 
