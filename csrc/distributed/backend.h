@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "aten/host_alias.h"
-#include "distributed/collectives.h"
+#include "distributed/ring_engine.h"
 #include "distributed/shm_group.h"
 
 namespace torch_tpu::dist {
