@@ -6,8 +6,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "aten/device.h"
-#include "vtpu/runtime.h"
+#include "distributed/chips.h"
 
 namespace torch_tpu::dist {
 namespace {
@@ -40,7 +39,7 @@ void check_tensor(const at::Tensor& t, const char* op, const char* role) {
   TORCH_CHECK(t.defined(), "tpu_dist ", op, ": ", role, " is undefined");
   TORCH_CHECK(t.layout() == at::kStrided, "tpu_dist ", op, ": ", role, " must be a dense (strided) tensor, got ",
               t.layout(), " ", describe_tensor(t));
-  TORCH_CHECK(t.device().type() == kTPU || t.device().is_cpu(), "tpu_dist ", op, ": ", role,
+  TORCH_CHECK(is_tpu(t.device()) || t.device().is_cpu(), "tpu_dist ", op, ": ", role,
               " must be on tpu or cpu, got ", describe_tensor(t));
 }
 
@@ -93,19 +92,6 @@ double premul_factor(const c10d::ReduceOp& op) {
   return s->double_factor;
 }
 
-int tpu_index(const at::Tensor& t) {
-  return t.defined() && t.device().type() == kTPU ? t.device().index() : -1;
-}
-
-std::vector<int> tpu_indices(const std::vector<at::Tensor>& tensors) {
-  std::vector<int> out;
-  for (const auto& t : tensors) {
-    const int d = tpu_index(t);
-    if (d >= 0 && std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
-  }
-  return out;
-}
-
 Descriptor describe(OpKind op, const at::Tensor& t, int redop, int64_t numel, int64_t root) {
   Descriptor d;
   d.op = static_cast<int32_t>(op);
@@ -119,19 +105,6 @@ Descriptor describe(OpKind op, const at::Tensor& t, int redop, int64_t numel, in
     set_chip(d, tpu_index(t));
   }
   return d;
-}
-
-void set_chip(Descriptor& d, int device) {
-  if (device < 0) return;
-  d.chip = chip(static_cast<c10::DeviceIndex>(device)).global_id();
-  d.host = runtime().topology().host_of(d.chip);
-}
-
-std::vector<TensorRecipe> recipes(const std::vector<at::Tensor>& ts) {
-  std::vector<TensorRecipe> out;
-  out.reserve(ts.size());
-  for (const auto& t : ts) out.push_back(TensorRecipe::of(t));
-  return out;
 }
 
 Splits splits_of(const std::vector<int64_t>& send_bytes, const std::vector<int64_t>& recv_bytes) {

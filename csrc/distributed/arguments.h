@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "aten/host_alias.h"
 #include "distributed/collectives.h"
 #include "distributed/shm_group.h"
 #include "distributed/transport.h"
@@ -34,15 +33,8 @@ void check_root(int64_t root, int size, const char* op);
 // PREMUL_SUM's factor (1 for other ops); a tpu factor tensor is synchronized.
 double premul_factor(const c10d::ReduceOp& op);
 
-// The tpu index of a tensor, -1 for host tensors.
-int tpu_index(const at::Tensor& t);
-// The distinct tpu indices of `tensors`, in first-seen order.
-std::vector<int> tpu_indices(const std::vector<at::Tensor>& tensors);
 // What this rank publishes at arrival; `t` gives dtype, sizes and chip (undefined: none).
 Descriptor describe(OpKind op, const at::Tensor& t, int redop, int64_t numel, int64_t root);
-// Sets the chip of `d` to the chip of tpu `device` (no-op for -1).
-void set_chip(Descriptor& d, int device);
-std::vector<TensorRecipe> recipes(const std::vector<at::Tensor>& ts);
 // The packing of an all_to_all that sends `send_bytes[q]` to and receives `recv_bytes[q]` from each peer q.
 Splits splits_of(const std::vector<int64_t>& send_bytes, const std::vector<int64_t>& recv_bytes);
 

@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "aten/device.h"
 #include "distributed/arguments.h"
+#include "distributed/chips.h"
 #include "distributed/hierarchical_transport.h"
 #include "distributed/host_view.h"
 #include "distributed/shm_transport.h"
@@ -67,7 +67,7 @@ TpuBackend::TpuBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
   o.spin = spin_waits();
   if (!multi_host) {
     group_ = std::make_unique<ShmGroup>(store, o);
-    transport_ = std::make_unique<ShmTransport>(*group_, runtime().topology(), config_.small_bytes);
+    transport_ = std::make_unique<ShmTransport>(*group_, topology(), config_.small_bytes);
   } else {
     Hierarchy h(config_.hosts, rank);
     auto host_store = c10::make_intrusive<c10d::PrefixStore>("tpu_dist/host" + std::to_string(h.host), store);
@@ -80,8 +80,7 @@ TpuBackend::TpuBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, i
     t.store = store;
     t.cross = config_.cross;
     t.flat = config_.flat;
-    transport_ = std::make_unique<HierarchicalTransport>(std::move(h), *group_, runtime().topology(),
-                                                         std::move(t));
+    transport_ = std::make_unique<HierarchicalTransport>(std::move(h), *group_, topology(), std::move(t));
   }
   collectives_ = std::make_unique<Executor>("tpu_dist");
 }
@@ -158,18 +157,13 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::issue(Collective c) {
 c10::intrusive_ptr<c10d::Work> TpuBackend::launch(Executor& executor, OpType type, const char* title,
                                                   const std::vector<int>& devices, std::vector<at::Tensor> outputs,
                                                   uint64_t first_seq, std::function<void(uint64_t)> body) {
-  std::vector<vtpu::Event> ready;
-  for (int d : devices) {
-    vtpu::Event ev;
-    ev.record(current_vtpu_stream(static_cast<c10::DeviceIndex>(d)));
-    ready.push_back(std::move(ev));
-  }
+  std::vector<vtpu::Event> ready = stream_points(devices);
   const int device = devices.empty() ? -1 : devices.front();
   auto work = c10::make_intrusive<TpuWork>(getRank(), type, title, std::move(outputs));
   work->set_sequence_number(first_seq);
   executor.submit([this, work, ready = std::move(ready), device, first_seq, body = std::move(body)]() {
     try {
-      if (device >= 0) set_current_device(static_cast<c10::DeviceIndex>(device));
+      make_current(device);
       for (const auto& ev : ready) ev.synchronize();
       body(first_seq);
       work->complete(nullptr);
@@ -196,13 +190,11 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::send(std::vector<at::Tensor>& tensors
                 [this, r = TensorRecipe::of(t), dst, tag, what, device](uint64_t) {
                   AliasBuilder b(c10::kCPU);
                   HostView v(b, r, /*read=*/true);
-                  if (device >= 0) {
-                    vtpu::CollectiveCost c;
-                    c.payload_bytes = static_cast<double>(v.nbytes());
-                    c.ici_bytes = c.payload_bytes;
-                    c.ici_steps = 1;
-                    chip(static_cast<c10::DeviceIndex>(device)).record_collective(c);
-                  }
+                  vtpu::CollectiveCost c;
+                  c.payload_bytes = static_cast<double>(v.nbytes());
+                  c.ici_bytes = c.payload_bytes;
+                  c.ici_steps = 1;
+                  record_cost(device, c);
                   transport_->send(dst, tag, v.flat(), what);
                 });
 }

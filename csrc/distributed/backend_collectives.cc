@@ -4,9 +4,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include "aten/device.h"
 #include "distributed/arguments.h"
 #include "distributed/backend.h"
+#include "distributed/chips.h"
 #include "distributed/host_view.h"
 
 namespace torch_tpu::dist {
@@ -524,12 +524,8 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall(std::vector<at::Tensor>& out
 c10::intrusive_ptr<c10d::Work> TpuBackend::barrier(const c10d::BarrierOptions& opts) {
   Collective c = begin("tpu_dist:barrier", OpType::BARRIER);
   // Like a device barrier: wait for the work queued on this rank's current chip first.
-  if (opts.device.has_value() && opts.device->type() == kTPU) {
-    c.devices.push_back(opts.device->has_index() ? opts.device->index() : current_device());
-  } else if (device_count() > 0) {
-    c.devices.push_back(current_device());
-  }
-  c.device = c.devices.empty() ? -1 : c.devices.front();
+  c.device = barrier_tpu(opts.device);
+  if (c.device >= 0) c.devices.push_back(c.device);
   Descriptor d = describe(OpKind::kBarrier, at::Tensor(), 0, 0, -1);
   set_chip(d, c.device);
   c.steps.push_back({d, "", [this](const Call& call) { transport_->barrier(call); }});

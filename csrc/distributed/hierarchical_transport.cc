@@ -10,9 +10,8 @@
 #include <set>
 #include <thread>
 
-#include "aten/device.h"
+#include "distributed/chips.h"
 #include "distributed/p2p.h"
-#include "vtpu/runtime.h"
 
 namespace torch_tpu::dist {
 namespace {
@@ -90,11 +89,7 @@ Arrival HierarchicalTransport::local_arrive(OpKind op, const at::Tensor& like, i
     d.ndim = 1;
     d.sizes[0] = numel;
   }
-  const int device = current_device();
-  if (device_count() > 0) {
-    d.chip = chip(static_cast<c10::DeviceIndex>(device)).global_id();
-    d.host = runtime().topology().host_of(d.chip);
-  }
+  set_chip(d, current_tpu());
   return engine_.arrive(++local_seq_, d, what + " [host-local part]");
 }
 
@@ -160,13 +155,12 @@ void HierarchicalTransport::dcn_wait(const c10::intrusive_ptr<c10d::Work>& work,
 
 void HierarchicalTransport::record_dcn(int device, double payload, double ici_bytes, int ici_steps,
                                        double dcn_bytes) {
-  if (device < 0) return;
   vtpu::CollectiveCost c;
   c.payload_bytes = payload;
   c.ici_bytes = ici_bytes;
   c.ici_steps = ici_steps;
   c.dcn_bytes = dcn_bytes;
-  chip(static_cast<c10::DeviceIndex>(device)).record_collective(c);
+  record_cost(device, c);
 }
 
 void HierarchicalTransport::all_reduce(const Call& c, const at::Tensor& tensor, int redop, double factor) {

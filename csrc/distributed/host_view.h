@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "aten/host_alias.h"
 
 namespace torch_tpu::dist {
@@ -29,5 +31,12 @@ class HostView {
   at::Tensor view_;
   at::Tensor flat_;
 };
+
+inline std::vector<TensorRecipe> recipes(const std::vector<at::Tensor>& ts) {
+  std::vector<TensorRecipe> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(TensorRecipe::of(t));
+  return out;
+}
 
 }  // namespace torch_tpu::dist

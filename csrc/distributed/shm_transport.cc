@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "aten/device.h"
+#include "distributed/chips.h"
 #include "distributed/p2p.h"
 
 namespace torch_tpu::dist {
@@ -18,8 +18,7 @@ Arrival ShmTransport::arrive(const Call& c, double payload_bytes, const int64_t*
   const Arrival a = engine_.arrive(c.seq, c.desc, c.what, counts);
   if (c.device >= 0) {
     const auto op = static_cast<OpKind>(c.desc.op);
-    chip(static_cast<c10::DeviceIndex>(c.device))
-        .record_collective(engine_.cost(a, op, payload_bytes, c.seq), op_name(op));
+    record_cost(c.device, engine_.cost(a, op, payload_bytes, c.seq), op_name(op));
   }
   return a;
 }
