@@ -50,6 +50,13 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const 
               " (", describe_tensor(b), ") must be on the same device");
 }
 
+void check_pair(const at::Tensor& output, const at::Tensor& input, const char* op, const char* what_output,
+                const char* what_input) {
+  check_tensor(input, op, "input");
+  check_tensor(output, op, "output");
+  check_same(output, input, op, what_output, what_input);
+}
+
 void check_redop(int redop, at::ScalarType dtype, const char* op) {
   const bool integral = at::isIntegralType(dtype, /*includeBool=*/true);
   switch (static_cast<RedOp>(redop)) {

@@ -27,6 +27,9 @@ at::Tensor& single(std::vector<at::Tensor>& tensors, const char* op);
 void check_tensor(const at::Tensor& t, const char* op, const char* role);
 // Same dtype and device.
 void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const char* what_a, const char* what_b);
+// check_tensor of both, then check_same.
+void check_pair(const at::Tensor& output, const at::Tensor& input, const char* op, const char* what_output,
+                const char* what_input);
 // The reduce op is defined for the dtype.
 void check_redop(int redop, at::ScalarType dtype, const char* op);
 void check_root(int64_t root, int size, const char* op);

@@ -177,12 +177,18 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::launch(Executor& executor, OpType typ
 
 // ---------------------------------------------------------------- point to point
 
-c10::intrusive_ptr<c10d::Work> TpuBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
-  check_usable("send");
-  at::Tensor& t = single(tensors, "send");
-  check_tensor(t, "send", "tensor");
-  TORCH_CHECK(dst >= 0 && dst < getSize() && dst != getRank(), "tpu_dist send: destination rank ", dst,
+at::Tensor& TpuBackend::check_p2p(std::vector<at::Tensor>& tensors, int peer, const char* op,
+                                  const char* role) const {
+  check_usable(op);
+  at::Tensor& t = single(tensors, op);
+  check_tensor(t, op, "tensor");
+  TORCH_CHECK(peer >= 0 && peer < getSize() && peer != getRank(), "tpu_dist ", op, ": ", role, " rank ", peer,
               " is invalid for rank ", getRank(), " of a group of ", getSize());
+  return t;
+}
+
+c10::intrusive_ptr<c10d::Work> TpuBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  at::Tensor& t = check_p2p(tensors, dst, "send", "destination");
   const std::string what = "send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) + ", " +
                            describe_tensor(t) + ")";
   const int device = tpu_index(t);
@@ -200,11 +206,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::send(std::vector<at::Tensor>& tensors
 }
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
-  check_usable("recv");
-  at::Tensor& t = single(tensors, "recv");
-  check_tensor(t, "recv", "tensor");
-  TORCH_CHECK(src >= 0 && src < getSize() && src != getRank(), "tpu_dist recv: source rank ", src,
-              " is invalid for rank ", getRank(), " of a group of ", getSize());
+  at::Tensor& t = check_p2p(tensors, src, "recv", "source");
   const std::string what = "recv from rank " + std::to_string(src) + " (tag " + std::to_string(tag) + ", " +
                            describe_tensor(t) + ")";
   return launch(peer_executor(receivers_, src, "recv"), OpType::RECV, "tpu_dist:recv", tpu_indices({t}), {t}, 0,

@@ -131,6 +131,8 @@ class TpuBackend : public c10d::Backend {
                                         const std::vector<int>& devices, std::vector<at::Tensor> outputs,
                                         uint64_t first_seq, std::function<void(uint64_t)> body);
   void check_usable(const char* op) const;
+  // check_usable, then the tensor and the peer rank of a send or recv (`role`: "destination", "source").
+  at::Tensor& check_p2p(std::vector<at::Tensor>& tensors, int peer, const char* op, const char* role) const;
   Executor& peer_executor(std::map<int, std::unique_ptr<Executor>>& executors, int peer, const char* kind);
 
   Config config_;

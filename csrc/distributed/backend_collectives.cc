@@ -189,9 +189,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather(std::vector<std::vector<at:
 c10::intrusive_ptr<c10d::Work> TpuBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                            const c10d::AllgatherOptions& opts) {
   Collective c = begin("tpu_dist:all_gather_into_tensor", OpType::_ALLGATHER_BASE);
-  check_tensor(input, c.op(), "input");
-  check_tensor(output, c.op(), "output");
-  check_same(output, input, c.op(), "the output", "the input");
+  check_pair(output, input, c.op(), "the output", "the input");
   TORCH_CHECK(output.numel() == input.numel() * getSize(), "tpu_dist all_gather_into_tensor: the output (",
               describe_tensor(output), ") must hold ", getSize(), " x the input's ", input.numel(),
               " elements (input ", describe_tensor(input), ")");
@@ -241,9 +239,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_into_tensor_coalesced(std::
   TORCH_CHECK(outputs.size() == inputs.size(), "tpu_dist all_gather_into_tensor_coalesced: ", outputs.size(),
               " outputs for ", inputs.size(), " inputs");
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor(inputs[i], c.op(), "input");
-    check_tensor(outputs[i], c.op(), "output");
-    check_same(outputs[i], inputs[i], c.op(), "an output", "its input");
+    check_pair(outputs[i], inputs[i], c.op(), "an output", "its input");
     TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize(), "tpu_dist all_gather_into_tensor_coalesced: ",
                 "output ", describe_tensor(outputs[i]), " must hold ", getSize(), " x input ",
                 describe_tensor(inputs[i]));
@@ -365,9 +361,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter(std::vector<at::Tensor
 c10::intrusive_ptr<c10d::Work> TpuBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                 const c10d::ReduceScatterOptions& opts) {
   Collective c = begin("tpu_dist:reduce_scatter_tensor", OpType::_REDUCE_SCATTER_BASE);
-  check_tensor(input, c.op(), "input");
-  check_tensor(output, c.op(), "output");
-  check_same(output, input, c.op(), "the output", "the input");
+  check_pair(output, input, c.op(), "the output", "the input");
   TORCH_CHECK(input.numel() == output.numel() * getSize(), "tpu_dist reduce_scatter_tensor: the input (",
               describe_tensor(input), ") must hold ", getSize(), " x the output's ", output.numel(),
               " elements (output ", describe_tensor(output), ")");
@@ -393,9 +387,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter_tensor_coalesced(std::
               " outputs for ", inputs.size(), " inputs");
   const int redop = opts.reduceOp.op_;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_tensor(inputs[i], c.op(), "input");
-    check_tensor(outputs[i], c.op(), "output");
-    check_same(outputs[i], inputs[i], c.op(), "an output", "its input");
+    check_pair(outputs[i], inputs[i], c.op(), "an output", "its input");
     TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize(), "tpu_dist reduce_scatter_tensor_coalesced: ",
                 "input ", describe_tensor(inputs[i]), " must hold ", getSize(), " x output ",
                 describe_tensor(outputs[i]));
@@ -420,9 +412,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall_base(at::Tensor& output, at:
                                                          std::vector<int64_t>& input_split_sizes,
                                                          const c10d::AllToAllOptions& opts) {
   Collective c = begin("tpu_dist:all_to_all_single", OpType::ALLTOALL_BASE);
-  check_tensor(input, c.op(), "input");
-  check_tensor(output, c.op(), "output");
-  check_same(output, input, c.op(), "the output", "the input");
+  check_pair(output, input, c.op(), "the output", "the input");
   const int n = getSize();
   const int64_t es = input.element_size();
   auto splits = [&](const at::Tensor& t, const std::vector<int64_t>& given, const char* role) {

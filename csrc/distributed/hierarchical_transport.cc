@@ -10,8 +10,8 @@
 #include <set>
 #include <thread>
 
+#include "distributed/arguments.h"
 #include "distributed/chips.h"
-#include "distributed/p2p.h"
 
 namespace torch_tpu::dist {
 namespace {
@@ -57,8 +57,8 @@ ShmGroup::Options Hierarchy::local_options(ShmGroup::Options whole) const {
 
 HierarchicalTransport::HierarchicalTransport(Hierarchy hierarchy, ShmGroup& local, const vtpu::Topology& topology,
                                              Options options)
-    : hier_(std::move(hierarchy)), group_(local), engine_(local, topology, options.small_bytes),
-      opts_(std::move(options)) {
+    : hier_(std::move(hierarchy)), group_(local), local_(local, topology, options.small_bytes),
+      engine_(local_.engine()), opts_(std::move(options)) {
   if (group_.size() > 1) watcher_ = std::thread([this] { watch_local_peers(); });
 }
 
@@ -79,12 +79,8 @@ void HierarchicalTransport::after_error() {
 
 Arrival HierarchicalTransport::local_arrive(OpKind op, const at::Tensor& like, int redop, int64_t numel,
                                             int64_t root, const std::string& what) {
-  Descriptor d;
-  d.op = static_cast<int32_t>(op);
-  d.redop = redop;
-  d.numel = numel;
-  d.root = root;
-  if (like.defined()) {
+  Descriptor d = describe(op, at::Tensor(), redop, numel, root);
+  if (like.defined()) {  // a flat tensor of like's dtype
     d.dtype = static_cast<int32_t>(like.scalar_type());
     d.ndim = 1;
     d.sizes[0] = numel;
@@ -401,23 +397,15 @@ void HierarchicalTransport::all_to_all(const Call& c, const at::Tensor& input, c
 // ---------------------------------------------------------------- point to point
 
 void HierarchicalTransport::send(int dst, int tag, const at::Tensor& data, const std::string& what) {
-  if (hier_.host_of_rank[dst] != hier_.host) {
-    std::vector<at::Tensor> ts{data};
-    dcn_wait(opts_.flat->send(ts, dst, tag), what);
-    return;
-  }
-  p2p_send(group_, hier_.local_index_of[dst], tag, static_cast<int32_t>(data.scalar_type()), data.data_ptr(),
-           data.numel() * data.element_size(), what);
+  if (hier_.host_of_rank[dst] == hier_.host) return local_.send(hier_.local_index_of[dst], tag, data, what);
+  std::vector<at::Tensor> ts{data};
+  dcn_wait(opts_.flat->send(ts, dst, tag), what);
 }
 
 void HierarchicalTransport::recv(int src, int tag, const at::Tensor& data, const std::string& what) {
-  if (hier_.host_of_rank[src] != hier_.host) {
-    std::vector<at::Tensor> ts{data};
-    dcn_wait(opts_.flat->recv(ts, src, tag), what);
-    return;
-  }
-  p2p_recv(group_, hier_.local_index_of[src], tag, static_cast<int32_t>(data.scalar_type()), data.data_ptr(),
-           data.numel() * data.element_size(), what);
+  if (hier_.host_of_rank[src] == hier_.host) return local_.recv(hier_.local_index_of[src], tag, data, what);
+  std::vector<at::Tensor> ts{data};
+  dcn_wait(opts_.flat->recv(ts, src, tag), what);
 }
 
 }  // namespace torch_tpu::dist

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "distributed/ring_engine.h"
+#include "distributed/shm_transport.h"
 #include "distributed/transport.h"
 
 namespace torch_tpu::dist {
@@ -85,7 +85,8 @@ class HierarchicalTransport : public Transport {
 
   Hierarchy hier_;
   ShmGroup& group_;
-  Engine engine_;
+  ShmTransport local_;  // this host's ranks: p2p between them, and its engine for the local parts
+  Engine& engine_;      // local_'s
   Options opts_;
   uint64_t local_seq_ = 0;  // collective thread only
   std::atomic<bool> failure_published_{false};

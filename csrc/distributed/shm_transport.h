@@ -24,6 +24,9 @@ class ShmTransport : public Transport {
   void send(int dst, int tag, const at::Tensor& data, const std::string& what) override;
   void recv(int src, int tag, const at::Tensor& data, const std::string& what) override;
 
+  // For a transport built on this one (the host-local part of HierarchicalTransport).
+  Engine& engine() { return engine_; }
+
  private:
   // The arrival step, then the collective's cost recorded on the chip of c.device.
   Arrival arrive(const Call& c, double payload_bytes, const int64_t* counts = nullptr);
