@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <thread>
@@ -44,7 +45,7 @@ Hierarchy::Hierarchy(const std::vector<int>& hosts, int rank) : host(hosts[rank]
   }
 }
 
-ShmGroup::Options Hierarchy::local_options(ShmGroup::Options whole) const {
+ShmGroup::Options Hierarchy::local_options(const ShmGroup::Options& whole) const {
   ShmGroup::Options o = whole;
   o.rank = local_index;
   o.size = static_cast<int>(local_ranks.size());

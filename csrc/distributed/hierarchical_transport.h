@@ -26,7 +26,7 @@ namespace torch_tpu::dist {
 struct Hierarchy {
   Hierarchy(const std::vector<int>& hosts, int rank);  // `hosts`: the host id of every group rank
   // The options of this host's ShmGroup, from those of the whole group.
-  ShmGroup::Options local_options(ShmGroup::Options whole) const;
+  ShmGroup::Options local_options(const ShmGroup::Options& whole) const;
 
   int host = 0;                     // this rank's host id
   std::vector<int> host_of_rank;    // group rank -> host id
