@@ -1,4 +1,4 @@
-// The shared-memory transport of one tpu_dist process group: one segment per
+// The shared-memory protocol under both transports of a tpu_dist process group: one segment per
 // rank, mapped by every rank of the group. Each rank writes only its own
 // segment (header, descriptors, data buffers, p2p mailboxes) and reads its
 // peers'. Progress is a per-rank monotonic step counter; waiting is a futex on
