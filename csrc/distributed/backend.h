@@ -1,13 +1,15 @@
 // tpu_dist: the c10d backend of torch_tpu. One process per chip; collectives
 // between the processes of a host travel through shared memory (the model's
-// ICI), ordered with the chips' streams.
+// ICI), ordered with the chips' streams; groups spanning hosts add gloo (DCN).
 //
-// Execution: a collective is validated on the calling thread, then queued on
-// the group's collective thread, which waits until the tensors' streams have
-// reached the point of the call (an event), runs the collective on the
-// device memory, and completes the Work. Work::wait() blocks the caller until
-// then and raises the collective's error. Sends and receives run on one
-// thread per peer, so point-to-point traffic never waits behind collectives.
+// Execution: every collective is one skeleton (backend_collectives.cc). It is
+// validated and described on the calling thread, then issued: queued on the
+// group's collective thread, which waits until the tensors' streams have
+// reached the point of the call (an event), runs it on the device memory
+// through the group's Transport (chosen when the group is built: one host or
+// several), and completes the Work. Work::wait() blocks the caller until then
+// and raises the collective's error. Sends and receives run on one thread per
+// peer, so point-to-point traffic never waits behind collectives.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -15,54 +17,18 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "aten/host_alias.h"
-#include "distributed/collectives.h"
+#include "distributed/shm_group.h"
 #include "distributed/transport.h"
+#include "distributed/work.h"
 
 namespace torch_tpu::dist {
-
-// A Work completed by a tpu_dist thread.
-class TpuWork : public c10d::Work {
- public:
-  TpuWork(int rank, c10d::OpType type, const char* profiling_title, std::vector<at::Tensor> outputs);
-  std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-  uint64_t getSequencenumber() const override { return seq_; }
-  void set_sequence_number(uint64_t seq) { seq_ = seq; }
-  void complete(std::exception_ptr error);
-
- private:
-  std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-  uint64_t seq_ = 0;
-};
-
-// One worker thread running tasks in order.
-class Executor {
- public:
-  explicit Executor(std::string name);
-  ~Executor();  // runs what is queued, then joins
-  void submit(std::function<void()> task);
-
- private:
-  void run();
-  std::string name_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 class TpuBackend : public c10d::Backend {
  public:
@@ -137,68 +103,41 @@ class TpuBackend : public c10d::Backend {
   const Config& config() const { return config_; }
 
  private:
-  using Body = std::function<void()>;
-  // Queues `body` on `executor` after the current streams of `tensors` reach
-  // this point; the returned Work completes when it has run.
-  // `devices`: tpu device indices whose current streams the op waits for.
+  // One sequence number of a collective: what this rank publishes at arrival, the tensor
+  // its messages name (describe_tensor; empty: none), and its body on the transport.
+  struct Step {
+    Descriptor desc;
+    std::string tensor;
+    std::function<void(const Call&)> run;
+  };
+  // A validated collective. issue() numbers its steps, waits for the current streams of
+  // `devices` and runs the steps in order on the collective thread; the Work then
+  // completes with `outputs`, or with the first error.
+  struct Collective {
+    const char* title;         // "tpu_dist:<op>": the profiler keeps the pointer
+    c10d::OpType type;
+    std::vector<int> devices;  // tpu indices; the first is current on the collective thread
+    std::vector<at::Tensor> outputs;
+    int device = -1;           // tpu index of the chip that records the cost, -1 for host tensors
+    std::vector<Step> steps;   // one, or one per tensor of a coalesced collective
+    const char* op() const;    // the title without "tpu_dist:"
+  };
+  // Raises if the group is unusable; then the caller validates its arguments and adds the steps.
+  Collective begin(const char* title, c10d::OpType type) const;
+  c10::intrusive_ptr<c10d::Work> issue(Collective collective);
+  // Queues `body` on `executor` after the current streams of `devices` reach this point;
+  // the returned Work completes when it has run.
   c10::intrusive_ptr<c10d::Work> launch(Executor& executor, c10d::OpType type, const char* title,
                                         const std::vector<int>& devices, std::vector<at::Tensor> outputs,
                                         uint64_t first_seq, std::function<void(uint64_t)> body);
   void check_usable(const char* op) const;
+  // check_usable, then the tensor and the peer rank of a send or recv (`role`: "destination", "source").
+  at::Tensor& check_p2p(std::vector<at::Tensor>& tensors, int peer, const char* op, const char* role) const;
   Executor& peer_executor(std::map<int, std::unique_ptr<Executor>>& executors, int peer, const char* kind);
-  // Records the cost of a collective on the chip of `device` (no-op for host tensors).
-  void record(const Arrival& a, OpKind op, double payload_bytes, uint64_t seq, int device);
-
-  // Bodies shared by the list, tensor and coalesced entry points (run on the collective thread).
-  // `outputs`: one per rank, or one holding all ranks' blocks.
-  void run_all_gather(uint64_t seq, const TensorRecipe& input, const std::vector<TensorRecipe>& outputs,
-                      const Descriptor& d, const std::string& what, int device);
-  // `inputs`: one per rank, or one holding all ranks' blocks.
-  void run_reduce_scatter(uint64_t seq, const std::vector<TensorRecipe>& inputs, const TensorRecipe& output,
-                          int redop, double factor, const Descriptor& d, const std::string& what, int device);
-
-  // --- groups spanning hosts (hierarchy.cc): shared memory inside a host, gloo across ---
-  struct Hierarchy {
-    std::vector<int> host_of_rank;    // group rank -> host id
-    std::vector<int> local_ranks;     // group ranks on this host, ascending
-    int local_index = 0;              // this rank's index in local_ranks
-    std::vector<int> host_ids;        // distinct host ids, ascending
-    std::vector<int> host_index_of;   // group rank -> index of its host in host_ids
-    std::vector<int> local_index_of;  // group rank -> index among its host's ranks
-    bool host_major = false;          // group rank == host_index * ranks_per_host + local_index
-  };
-  bool multi_host() const { return hier_ != nullptr; }
-  // Local sub-collectives of a multi-host collective use their own sequence numbers.
-  Arrival local_arrive(OpKind op, const at::Tensor& like, int redop, int64_t numel, int64_t root,
-                       const std::string& what);
-  void hier_all_reduce(const at::Tensor& data, int redop, const std::string& what, int device);
-  void hier_all_gather(const at::Tensor& input, const at::Tensor& output, const std::string& what, int device);
-  void hier_reduce_scatter(const at::Tensor& input, const at::Tensor& output, int redop, const std::string& what,
-                           int device);
-  void hier_broadcast(const at::Tensor& data, int root, const std::string& what, int device);
-  void hier_barrier(const std::string& what, int device);
-  // Waits for a gloo Work; its errors become DistBackendError naming `what` and fail the group.
-  void dcn_wait(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
-  void record_dcn(int device, double payload, double ici_bytes, int ici_steps, double dcn_bytes);
-  // Posts this rank's failure reason in the store, where ranks on other hosts look for the
-  // cause of a gloo error.
-  void publish_failure();
-  c10::intrusive_ptr<c10d::Store> store_;
-  std::atomic<bool> failure_published_{false};
-  // Groups spanning hosts: ranks on other hosts cannot see this host's processes, so a
-  // watcher posts the death of a local peer in the store at once, whatever this rank is
-  // doing (possibly waiting in gloo).
-  void watch_local_peers();
-  std::thread watcher_;
-  std::mutex watcher_mu_;
-  std::condition_variable watcher_cv_;
-  bool watcher_stop_ = false;
 
   Config config_;
-  std::unique_ptr<Hierarchy> hier_;
-  uint64_t local_seq_ = 0;  // collective thread only
   std::unique_ptr<ShmGroup> group_;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Transport> transport_;  // chosen at construction: one host or several
   std::unique_ptr<Executor> collectives_;
   std::mutex peers_mu_;
   std::map<int, std::unique_ptr<Executor>> senders_, receivers_;

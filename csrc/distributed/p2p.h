@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "distributed/transport.h"
+#include "distributed/shm_group.h"
 
 namespace torch_tpu::dist {
 

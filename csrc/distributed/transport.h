@@ -1,135 +1,72 @@
-// The shared-memory transport of one tpu_dist process group: one segment per
-// rank, mapped by every rank of the group. Each rank writes only its own
-// segment (header, descriptors, data buffers, p2p mailboxes) and reads its
-// peers'. Progress is a per-rank monotonic step counter; waiting is a futex on
-// the awaited rank's doorbell, with liveness checks of every rank waited on
-// and a deadline, so a dead or stalled rank raises instead of hanging.
+// The transport of a tpu_dist process group: how its collectives move data.
+// TpuBackend picks one when the group is built: ShmTransport (the shared-memory
+// ring engine) when the group lives on one host, HierarchicalTransport (shared
+// memory inside each host, gloo across hosts) when it spans hosts. A collective
+// is validated and described once in the backend, then issued on either.
+//
+// Collectives run on the group's collective thread, in sequence order, on
+// contiguous host tensors (device memory seen through host aliases). Each
+// transport records the collective's cost on the chip of `Call::device`.
+// Errors: argument disagreements between ranks raise RuntimeError, a dead,
+// stalled or failed peer raises c10::DistBackendError naming it.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <ATen/core/Tensor.h>
 
-#include <atomic>
-#include <chrono>
 #include <cstdint>
-#include <functional>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include "distributed/shm.h"
+#include "distributed/shm_group.h"
 
 namespace torch_tpu::dist {
 
-constexpr int kMaxDims = 8;
-
-// What a rank says about the collective it enters; all ranks compare them.
-struct Descriptor {
+// One collective as the backend issues it.
+struct Call {
   uint64_t seq = 0;
-  int32_t op = 0;      // OpKind
-  int32_t redop = 0;   // c10d::ReduceOp::RedOpType
-  int32_t dtype = 0;   // at::ScalarType
-  int32_t chip = -1;   // global chip id of the tensor, -1 for host tensors
-  int32_t host = 0;    // host id of the chip
-  int32_t ndim = 0;
-  int64_t numel = 0;   // elements that must agree across ranks (per op)
-  int64_t root = -1;
-  int64_t tag = 0;
-  int64_t sizes[kMaxDims] = {};
+  Descriptor desc;   // what this rank publishes at arrival
+  std::string what;  // names the collective in errors: "all_reduce (collective #3, float32[4] on tpu:0)"
+  int device = -1;   // tpu index of the chip that records the cost; -1 for host tensors
 };
 
-enum class PeerState : uint32_t { kRunning = 0, kClosed = 1, kFailed = 2 };
+// The bytes of an all_to_all, by peer: counts[q] sent to q and counts[n + q] received
+// from q, packed in rank order at the offsets.
+struct Splits {
+  std::vector<int64_t> counts, send_offsets, recv_offsets;
+  int64_t send_total = 0, recv_total = 0;
+};
 
-struct Header;
-
-// Raised (as c10::DistBackendError) when a peer died, stalled past the timeout
-// or failed itself; the group is unusable afterwards.
-class ShmGroup {
+class Transport {
  public:
-  struct Options {
-    int rank = 0;
-    int size = 1;
-    std::chrono::milliseconds timeout{60000};
-    std::string group_name;
-    std::vector<int64_t> global_ranks;  // shm rank -> global rank (empty: identity)
-    std::vector<int64_t> group_ranks;   // shm rank -> rank in the c10d group (empty: identity;
-                                        // differs when the group spans hosts)
-    size_t buffer_bytes = 2 << 20;      // each of the two collective buffers
-    size_t p2p_bytes = 1 << 20;         // mailbox per destination
-    bool spin = true;                   // waits spin and yield before sleeping on the futex
-  };
+  virtual ~Transport() = default;
 
-  // Rendezvous through `store`: creates this rank's segment, maps the peers',
-  // then unlinks its own name once all ranks have mapped it.
-  ShmGroup(const c10::intrusive_ptr<c10d::Store>& store, Options options);
-  ~ShmGroup();
-  ShmGroup(const ShmGroup&) = delete;
-  ShmGroup& operator=(const ShmGroup&) = delete;
+  // In place. AVG divides by the group size; PREMUL_SUM multiplies `data` by `factor`, then sums.
+  virtual void all_reduce(const Call& c, const at::Tensor& data, int redop, double factor) = 0;
+  virtual void broadcast(const Call& c, const at::Tensor& data, int root) = 0;
+  // The reduced result lands in `data` on root only (other ranks' `data` is unchanged).
+  virtual void reduce(const Call& c, const at::Tensor& data, int redop, double factor, int root) = 0;
+  // `outputs`: one per rank, or one holding all ranks' blocks in rank order.
+  virtual void all_gather(const Call& c, const at::Tensor& input, const std::vector<at::Tensor>& outputs) = 0;
+  // `input`: one block of `output`'s size per rank; `redop` is not PREMUL_SUM (the caller scales).
+  virtual void reduce_scatter(const Call& c, const at::Tensor& input, const at::Tensor& output, int redop) = 0;
+  // Root: outputs[r] receives rank r's input. Others: `outputs` is empty.
+  virtual void gather(const Call& c, const at::Tensor& input, const std::vector<at::Tensor>& outputs, int root) = 0;
+  // Root: inputs[r] goes to rank r. Others: `inputs` is empty. Everyone: `output` receives its part.
+  virtual void scatter(const Call& c, const std::vector<at::Tensor>& inputs, const at::Tensor& output,
+                       int root) = 0;
+  // `input` and `output`: byte tensors packed as `splits` says.
+  virtual void all_to_all(const Call& c, const at::Tensor& input, const at::Tensor& output,
+                          const Splits& splits) = 0;
+  virtual void barrier(const Call& c) = 0;
 
-  int rank() const { return opts_.rank; }
-  int size() const { return opts_.size; }
-  const Options& options() const { return opts_; }
-  void set_timeout(std::chrono::milliseconds t) { opts_.timeout = t; }
-  // "rank 2 (global rank 5, pid 123)" for messages.
-  std::string describe_rank(int r) const;
+  // Point to point, on the peer's own thread; `what` names the transfer in errors.
+  virtual void send(int dst, int tag, const at::Tensor& data, const std::string& what) = 0;
+  virtual void recv(int src, int tag, const at::Tensor& data, const std::string& what) = 0;
 
-  // --- collective protocol: only the group's collective thread calls these ---
-  uint64_t step() const { return step_; }
-  void publish();  // step += 1, made visible to peers, wakes waiters
-  // Waits until rank r (or every rank) has published `step`. `what` names the
-  // collective for error messages.
-  void wait_rank(int r, uint64_t step, const std::string& what);
-  void wait_all(uint64_t step, const std::string& what);
-  Descriptor& my_descriptor(uint64_t seq);
-  const Descriptor& descriptor(int r, uint64_t seq) const;
-  // 2*size int64 per rank, double-buffered by seq parity (alltoall splits, ...).
-  int64_t* my_counts(uint64_t seq);
-  const int64_t* counts(int r, uint64_t seq) const;
-  void set_current(uint64_t seq);  // what this rank is doing, for peers' timeout messages
-  char* buffer(int r, int parity) const;
-  size_t buffer_bytes() const { return opts_.buffer_bytes; }
-  // Before writing into our buffer `parity`: waits until every rank has
-  // finished reading its previous contents; after reading: records that.
-  void acquire_buffer(int parity, const std::string& what);
-  void release_buffer(int parity);  // call right after the publish() that ends the reads
-
-  // --- point to point: a byte ring per (sender, receiver) in the sender's segment ---
-  char* mailbox(int sender, int receiver) const;
-  size_t mailbox_bytes() const { return opts_.p2p_bytes; }
-  std::atomic<uint64_t>& p2p_written(int sender, int receiver) const;  // bytes ever written
-  std::atomic<uint64_t>& p2p_read(int receiver, int sender) const;     // bytes ever consumed
-  void ring_doorbell();  // after changing our p2p counters
-  // Waits until `ready()` (re-checked whenever `r` rings its doorbell), checking r's health.
-  void wait_for(int r, const std::function<bool()>& ready, const std::string& what);
-
-  // --- failure ---
-  // Marks this rank failed because of `culprit` and wakes everyone waiting on it.
-  void mark_failed(int culprit, const std::string& reason);
-  bool failed() const;
-  std::string failure() const;
-  void close();  // normal shutdown: peers still waiting on us are told we left
-  // A peer whose process is gone without having closed the group, or -1.
-  int dead_peer() const;
-
- private:
-  Header& header(int r) const;
-  // Throws DistBackendError if a rank in `ranks` (or all, when empty) failed,
-  // left or died, or if `deadline` passed while waiting for `waiting_for`.
-  void check_health(int waiting_for, bool all, const std::string& what,
-                    std::chrono::steady_clock::time_point start);
-  // Marks this rank failed because of `culprit` and throws DistBackendError(where: cause).
-  [[noreturn]] void raise(int culprit, const std::string& where, const std::string& cause);
-  template <typename Ready>
-  void wait_impl(int r, bool all, Ready ready, const std::string& what);
-
-  Options opts_;
-  size_t counts_offset_ = 0, p2p_counters_offset_ = 0, buffers_offset_ = 0, mailboxes_offset_ = 0,
-         segment_bytes_ = 0;
-  std::vector<ShmSegment> segments_;  // index = rank
-  std::vector<ProcessId> pids_;
-  uint64_t step_ = 0;
-  uint64_t buffer_free_step_[2] = {0, 0};
-  mutable std::mutex failure_mu_;
-  std::string failure_;
+  // After an operation raised: lets ranks elsewhere learn the cause.
+  virtual void after_error() {}
+  // Stops the transport's own threads; called first at shutdown.
+  virtual void stop() {}
 };
 
 }  // namespace torch_tpu::dist

@@ -1,4 +1,4 @@
-#include "distributed/transport.h"
+#include "distributed/shm_group.h"
 
 #include <c10/util/Exception.h>
 #include <immintrin.h>
