@@ -6,9 +6,9 @@
 #include <cstring>
 #include <unordered_map>
 
-#include "aten/device.h"
-#include "aten/host_alias.h"
 #include "aten/op_info.h"
+#include "runtime/device.h"
+#include "runtime/host_alias.h"
 
 namespace torch_tpu {
 namespace {

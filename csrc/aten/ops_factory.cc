@@ -8,11 +8,11 @@
 
 #include <cstring>
 
-#include "aten/allocator.h"
-#include "aten/defer.h"
-#include "aten/device.h"
-#include "aten/dry_run.h"
-#include "aten/tensor_factory.h"
+#include "defer/defer.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/dry_run.h"
+#include "runtime/tensor_factory.h"
 #include "vtpu/layout.h"
 
 namespace torch_tpu {

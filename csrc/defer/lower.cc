@@ -15,8 +15,8 @@
 #include <cmath>
 #include <unordered_map>
 
-#include "aten/defer_internal.h"
-#include "aten/generator.h"
+#include "defer/lower.h"
+#include "runtime/generator.h"
 
 namespace torch_tpu::defer {
 

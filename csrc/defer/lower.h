@@ -1,5 +1,5 @@
-// Pieces of defer_and_fuse shared between the recorder (defer_region.cc) and
-// the table of op lowerings (defer_lower.cc).
+// Pieces of defer_and_fuse shared between the recorder (region.cc) and
+// the table of op lowerings (lower.cc).
 #pragma once
 
 #include <ATen/core/Generator.h>

@@ -30,21 +30,21 @@
 #include <unordered_set>
 #include <vector>
 
-#include "aten/allocator.h"
-#include "aten/defer.h"
-#include "aten/defer_internal.h"
-#include "aten/device.h"
-#include "aten/eager_mode.h"
-#include "aten/host_alias.h"
 #include "aten/meta_cache.h"
 #include "aten/op_info.h"
 #include "aten/portability.h"
-#include "aten/region_launch.h"
+#include "defer/defer.h"
+#include "defer/lower.h"
+#include "defer/region_launch.h"
 #include "exec/compile_cache.h"
 #include "exec/executor.h"
 #include "ir/hash.h"
 #include "ir/passes.h"
 #include "ir/printer.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/eager_mode.h"
+#include "runtime/host_alias.h"
 #include "vtpu/cost_model.h"
 #include "vtpu/layout.h"
 

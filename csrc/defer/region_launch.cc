@@ -1,8 +1,8 @@
 // Compiled IR regions on a chip: compile (cached), split, price, queue (see region_launch.h).
-#include "aten/region_launch.h"
+#include "defer/region_launch.h"
 
-#include "aten/allocator.h"
-#include "aten/dry_run.h"
+#include "runtime/allocator.h"
+#include "runtime/dry_run.h"
 
 #include <ATen/Parallel.h>
 
@@ -14,12 +14,12 @@
 #include <stdexcept>
 #include <string>
 
-#include "aten/defer.h"
-#include "aten/defer_internal.h"
-#include "aten/device.h"
-#include "aten/host_alias.h"
+#include "defer/defer.h"
+#include "defer/lower.h"
 #include "exec/compile_cache.h"
 #include "ir/passes.h"
+#include "runtime/device.h"
+#include "runtime/host_alias.h"
 #include "vtpu/cost_model.h"
 #include "vtpu/layout.h"
 #include "vtpu/runtime.h"

@@ -10,8 +10,8 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
-#include "aten/device.h"
 #include "distributed/p2p.h"
+#include "runtime/device.h"
 #include "vtpu/runtime.h"
 
 namespace torch_tpu::dist {

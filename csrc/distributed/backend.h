@@ -25,9 +25,9 @@
 #include <thread>
 #include <vector>
 
-#include "aten/host_alias.h"
 #include "distributed/collectives.h"
 #include "distributed/transport.h"
+#include "runtime/host_alias.h"
 
 namespace torch_tpu::dist {
 

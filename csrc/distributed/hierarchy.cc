@@ -11,8 +11,8 @@
 
 #include <thread>
 
-#include "aten/device.h"
 #include "distributed/backend.h"
+#include "runtime/device.h"
 #include "vtpu/runtime.h"
 
 namespace torch_tpu::dist {

@@ -1,6 +1,6 @@
 // torch_tpu._C._compile: the IR side of torch.compile(backend="tpu") programs
 // (torch_tpu/compile/graph_compiler.py). A Region is built op by op from FX
-// nodes through defer_and_fuse's ATen lowerings (defer_lower.cc), printed as
+// nodes through defer_and_fuse's ATen lowerings (defer/lower.cc), printed as
 // StableHLO, serialized as plain op records for the disk cache, compiled
 // through the process-wide CompileCache and queued on the chip's stream over
 // tpu tensors (region_launch.h).
@@ -19,13 +19,13 @@
 #include <string>
 #include <vector>
 
-#include "aten/defer_internal.h"
-#include "aten/errors.h"
-#include "aten/region_launch.h"
+#include "defer/lower.h"
+#include "defer/region_launch.h"
 #include "exec/compile_cache.h"
 #include "ir/builder.h"
 #include "ir/hash.h"
 #include "ir/printer.h"
+#include "runtime/errors.h"
 
 namespace py = pybind11;
 

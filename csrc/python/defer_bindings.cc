@@ -1,10 +1,10 @@
 // torch_tpu._C bindings of defer_and_fuse: region counters and flush.
 #include <pybind11/pybind11.h>
 
-#include "aten/defer.h"
-#include "aten/defer_internal.h"
-#include "aten/errors.h"
+#include "defer/defer.h"
+#include "defer/lower.h"
 #include "exec/compile_cache.h"
+#include "runtime/errors.h"
 
 namespace py = pybind11;
 

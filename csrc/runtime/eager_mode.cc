@@ -1,8 +1,8 @@
-#include "aten/eager_mode.h"
+#include "runtime/eager_mode.h"
 
 #include <c10/util/Exception.h>
 
-#include "aten/dry_run.h"
+#include "runtime/dry_run.h"
 
 #include <atomic>
 #include <cstdlib>
