@@ -40,6 +40,21 @@ std::optional<ElementType> ir_type(c10::ScalarType t) {
   }
 }
 
+c10::ScalarType scalar_type_of(ElementType t) {
+  switch (t) {
+    case ElementType::f32: return c10::kFloat;
+    case ElementType::bf16: return c10::kBFloat16;
+    case ElementType::f16: return c10::kHalf;
+    case ElementType::f64: return c10::kDouble;
+    case ElementType::s64: return c10::kLong;
+    case ElementType::s32: return c10::kInt;
+    case ElementType::s8: return c10::kChar;
+    case ElementType::u8: return c10::kByte;
+    case ElementType::pred: return c10::kBool;
+  }
+  return c10::kFloat;
+}
+
 ElementType opmath_of(ElementType t) {
   return (t == ElementType::bf16 || t == ElementType::f16) ? ElementType::f32 : t;
 }

@@ -20,6 +20,8 @@ using ir::ValueId;
 // The IR element type of an ATen dtype, or nullopt when the IR has none
 // (int16, unsigned > 8 bit, complex, float8, ...).
 std::optional<ir::ElementType> ir_type(c10::ScalarType t);
+// The ATen dtype of an IR element type (the inverse of ir_type).
+c10::ScalarType scalar_type_of(ir::ElementType t);
 // 16-bit floats compute in f32 inside an op (ATen's opmath type, the VPU's lanes).
 ir::ElementType opmath_of(ir::ElementType t);
 
