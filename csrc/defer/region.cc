@@ -203,11 +203,6 @@ bool repeat_detection() {
   return on;
 }
 
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  return h;
-}
-
 struct ChipState {
   std::recursive_mutex mu;
   std::unique_ptr<Region> region;
@@ -1013,11 +1008,11 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
   g_pending_ops.fetch_add(1);
   update_stats([](DeferStats& s) { ++s.ops_recorded; });
   if (repeat_detection()) {
-    uint64_t key = mix(reinterpret_cast<uintptr_t>(&info.label), static_cast<uint64_t>(inplace));
+    uint64_t key = ir::hash_mix(reinterpret_cast<uintptr_t>(&info.label), static_cast<uint64_t>(inplace));
     for (const auto& o : operands) {
       if (o.kind != Operand::Kind::kTensor) continue;
-      key = mix(key, static_cast<uint64_t>(o.tensor.scalar_type()));
-      for (int64_t d : o.tensor.sizes()) key = mix(key, static_cast<uint64_t>(d));
+      key = ir::hash_mix(key, static_cast<uint64_t>(o.tensor.scalar_type()));
+      for (int64_t d : o.tensor.sizes()) key = ir::hash_mix(key, static_cast<uint64_t>(d));
     }
     const uint64_t fp = cs->repeat.push(key);
     if (static_cast<int64_t>(r.ops.size()) >= max_ops()) {
