@@ -46,6 +46,7 @@
 #include "runtime/eager_mode.h"
 #include "runtime/host_alias.h"
 #include "vtpu/cost_model.h"
+#include "vtpu/env.h"
 #include "vtpu/layout.h"
 
 namespace torch_tpu {
@@ -73,7 +74,7 @@ enum class Reason { kConflict, kSync, kStream, kSizeCap, kView, kRepeat, kOther 
 
 // TORCH_TPU_DEFER_MAX_OPS: ATen ops per region before it is flushed (256).
 int64_t max_ops() {
-  static const int64_t n = env_positive_int("TORCH_TPU_DEFER_MAX_OPS", 256);
+  static const int64_t n = vtpu::env_positive_int("TORCH_TPU_DEFER_MAX_OPS", 256);
   return n;
 }
 
@@ -143,10 +144,7 @@ struct Replay {
   std::vector<c10::IValue> args;
 };
 
-std::atomic<bool> g_single_op_aten{[] {
-  const char* v = std::getenv("TORCH_TPU_DEFER_SINGLE_OP_ATEN");
-  return !(v && std::string(v) == "0");
-}()};
+std::atomic<bool> g_single_op_aten{vtpu::env_flag("TORCH_TPU_DEFER_SINGLE_OP_ATEN", true)};
 
 struct Region {
   explicit Region(c10::Stream s) : stream(s), device(s.device_index()) {}
@@ -196,10 +194,7 @@ struct RepeatDetector {
 
 // TORCH_TPU_DEFER_REPEAT=0 turns the repeating-sequence detector off.
 bool repeat_detection() {
-  static const bool on = [] {
-    const char* v = std::getenv("TORCH_TPU_DEFER_REPEAT");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = vtpu::env_flag("TORCH_TPU_DEFER_REPEAT", true);
   return on;
 }
 

@@ -19,10 +19,6 @@
 
 namespace torch_tpu {
 
-// A positive integer from environment variable `name`; `fallback` when it is
-// unset, empty, not a number or not positive.
-int64_t env_positive_int(const char* name, int64_t fallback);
-
 // How a region runs: as one call of the executor, or split along the
 // leading dimension of its results into cache-sized chunks that run on the
 // intra-op threads (the executor runs a region on the calling thread; a TPU's
