@@ -77,14 +77,12 @@ class Lowering {
   const Operand& arg(size_t i) const;
   size_t num_args() const { return args_.size(); }
   bool is_tensor(size_t i) const { return i < args_.size() && args_[i].kind == Operand::Kind::kTensor; }
-  bool is_scalar(size_t i) const { return i < args_.size() && args_[i].kind == Operand::Kind::kScalar; }
   bool is_none(size_t i) const { return i >= args_.size() || args_[i].ivalue == nullptr || args_[i].ivalue->isNone(); }
   c10::Scalar scalar(size_t i) const;  // kScalar (or a Scalar-typed IValue)
   const c10::IValue& ivalue(size_t i) const;
 
   const ir::TensorType& out(size_t k = 0) const { return outs_.at(k); }
   c10::ScalarType out_dtype(size_t k = 0) const { return out_dtypes_.at(k); }
-  size_t num_outs() const { return outs_.size(); }
 
   // ATen's result_type over the listed arguments (tensors, wrapped numbers,
   // Scalars; absent optional arguments skipped).

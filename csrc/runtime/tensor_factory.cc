@@ -57,8 +57,4 @@ void set_metadata(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef 
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
 }
 
-void set_metadata_like(const at::Tensor& t, const at::Tensor& like) {
-  set_metadata(t, like.sizes(), like.strides(), like.storage_offset());
-}
-
 }  // namespace torch_tpu
