@@ -1,4 +1,4 @@
-// Pieces of defer_and_fuse shared between the recorder (region.cc) and
+// Pieces of defer_and_fuse shared between the recorder (record.cc) and
 // the table of op lowerings (lower.cc).
 #pragma once
 

@@ -1,5 +1,5 @@
 // Running compiled IR regions on a chip, shared by defer_and_fuse
-// (defer/region.cc) and torch.compile programs (compile_bindings.cc): compile
+// (flush.cc) and torch.compile programs (program_region.cc): compile
 // through the process-wide CompileCache, split large regions into row chunks
 // for the intra-op threads, price the kernels in the cost model, and queue a
 // region over tpu tensors on the chip's stream.
