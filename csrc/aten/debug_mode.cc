@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "aten/eager_mode.h"
 #include "aten/fallback_internal.h"
-#include "aten/host_alias.h"
+#include "runtime/eager_mode.h"
+#include "runtime/host_alias.h"
 
 namespace torch_tpu {
 namespace {

@@ -22,21 +22,21 @@
 #include <unordered_set>
 #include <vector>
 
-#include "aten/allocator.h"
-#include "aten/defer.h"
-#include "aten/device.h"
-#include "aten/dry_run.h"
-#include "aten/eager_mode.h"
-#include "aten/errors.h"
 #include "aten/fallback_internal.h"
-#include "aten/meta_cache.h"
-#include "aten/op_info.h"
-#include "aten/generator.h"
-#include "aten/host_alias.h"
 #include "aten/matmul_precision.h"
+#include "aten/meta_cache.h"
 #include "aten/op_cost.h"
+#include "aten/op_info.h"
 #include "aten/portability.h"
-#include "aten/tensor_factory.h"
+#include "defer/defer.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/dry_run.h"
+#include "runtime/eager_mode.h"
+#include "runtime/errors.h"
+#include "runtime/generator.h"
+#include "runtime/host_alias.h"
+#include "runtime/tensor_factory.h"
 
 namespace torch_tpu {
 namespace {

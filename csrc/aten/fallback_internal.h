@@ -8,8 +8,8 @@
 
 #include <string>
 
-#include "aten/device.h"
 #include "aten/portability.h"
+#include "runtime/device.h"
 
 namespace torch_tpu {
 

@@ -6,9 +6,10 @@
 #include <cstring>
 #include <unordered_map>
 
-#include "aten/device.h"
-#include "aten/host_alias.h"
 #include "aten/op_info.h"
+#include "ir/hash.h"
+#include "runtime/device.h"
+#include "runtime/host_alias.h"
 
 namespace torch_tpu {
 namespace {
@@ -67,9 +68,9 @@ struct MetaKey {
 };
 struct MetaKeyHash {
   size_t operator()(const MetaKey& k) const {
-    size_t h = std::hash<const void*>()(k.op);
-    for (int64_t w : k.words) h = h * 1000003u ^ std::hash<int64_t>()(w);
-    return h;
+    uint64_t h = reinterpret_cast<uintptr_t>(k.op);
+    for (int64_t w : k.words) h = ir::hash_mix(h, static_cast<uint64_t>(w));
+    return static_cast<size_t>(h);
   }
 };
 constexpr size_t kMetaCacheEntries = 1 << 16;

@@ -5,8 +5,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "aten/device.h"
 #include "aten/matmul_precision.h"
+#include "runtime/device.h"
 
 namespace torch_tpu {
 namespace {

@@ -2,14 +2,14 @@
 #include <ATen/ExpandUtils.h>
 #include <torch/library.h>
 
-#include "aten/allocator.h"
-#include "aten/defer.h"
-#include "aten/device.h"
-#include "aten/dry_run.h"
-#include "aten/errors.h"
-#include "aten/host_alias.h"
 #include "aten/op_cost.h"
-#include "aten/tensor_factory.h"
+#include "defer/defer.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/dry_run.h"
+#include "runtime/errors.h"
+#include "runtime/host_alias.h"
+#include "runtime/tensor_factory.h"
 
 namespace torch_tpu {
 namespace {

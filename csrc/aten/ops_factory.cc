@@ -1,4 +1,4 @@
-// Native tpu kernels: empty tensors and views.
+// Native tpu kernels: empty tensors, views, resize_ and set_ (tensor_factory.h makes the tensors).
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -6,14 +6,8 @@
 #include <ATen/ops/view_native.h>
 #include <torch/library.h>
 
-#include <cstring>
-
-#include "aten/allocator.h"
-#include "aten/defer.h"
-#include "aten/device.h"
-#include "aten/dry_run.h"
-#include "aten/tensor_factory.h"
-#include "vtpu/layout.h"
+#include "runtime/device.h"
+#include "runtime/tensor_factory.h"
 
 namespace torch_tpu {
 namespace {
@@ -49,57 +43,6 @@ at::Tensor empty_memory_format_tpu(c10::IntArrayRef size, c10::optional<c10::Sca
   if (format != c10::MemoryFormat::Contiguous) t.unsafeGetTensorImpl()->empty_tensor_restride(format);
   return t;
 }
-
-}  // namespace
-
-at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
-                     c10::DeviceIndex device) {
-  chip(device);  // validates the index before anything is allocated
-  auto meta = c10::scalarTypeToTypeMeta(dtype);
-  size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, meta.itemsize());
-  uint64_t physical = vtpu::physical_bytes(sizes.vec(), meta.itemsize());
-  if (nbytes > static_cast<size_t>(c10::multiply_integers(sizes)) * meta.itemsize()) {
-    // Strides with gaps span more memory than the shape: tile the whole span.
-    int64_t span = static_cast<int64_t>(nbytes / meta.itemsize());
-    physical = std::max(physical, vtpu::physical_bytes({span}, meta.itemsize()));
-  }
-  auto data = tpu_allocator().allocate_on(device, nbytes, physical);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), &tpu_allocator(),
-                       /*resizable=*/true);
-  auto t = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
-  return t;
-}
-
-void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
-  TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
-  defer_flush_storage(storage);  // a deferred region may still produce or write it
-  auto device = storage->device().index();
-  auto data = tpu_allocator().allocate_on(device, nbytes, vtpu::physical_bytes_of_buffer(nbytes));
-  size_t keep = std::min(nbytes, storage->nbytes());
-  // Queued work reaches the bytes through this StorageImpl when it runs: it must be done
-  // with the old ones before they are swapped out (also when shrinking to 0, as FSDP2's
-  // reshard does with storage.resize_(0)).
-  // A dry run writes no HBM: the old bytes were never computed.
-  if (storage->nbytes() > 0 && !dry_run()) synchronize_device(device);
-  if (keep > 0 && !dry_run()) std::memcpy(data.get(), storage->data(), keep);
-  if (keep > 0 && buffer_undefined(storage->data_ptr())) set_buffer_undefined(data);  // kept bytes: as undefined
-  storage->set_data_ptr_noswap(std::move(data));
-  storage->set_nbytes(nbytes);
-}
-
-void set_metadata(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset) {
-  size_t needed = at::detail::computeStorageNbytes(sizes, strides, t.itemsize(), offset);
-  if (needed > t.storage().nbytes()) resize_storage_bytes(t.storage().unsafeGetStorageImpl(), needed);
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
-}
-
-void set_metadata_like(const at::Tensor& t, const at::Tensor& like) {
-  set_metadata(t, like.sizes(), like.strides(), like.storage_offset());
-}
-
-namespace {
 
 const at::Tensor& resize_tpu_(const at::Tensor& self, c10::IntArrayRef size,
                               c10::optional<c10::MemoryFormat> memory_format) {

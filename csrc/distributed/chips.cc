@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "aten/device.h"
+#include "runtime/device.h"
 #include "vtpu/runtime.h"
 
 namespace torch_tpu::dist {

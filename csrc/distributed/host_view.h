@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "aten/host_alias.h"
+#include "runtime/host_alias.h"
 
 namespace torch_tpu::dist {
 

@@ -46,7 +46,7 @@ struct CompileOptions {
   ir::DumpHook dump;  // called after each IR pass, then with "fusion" (the planned graph)
 };
 
-struct KernelProgram;  // a fused kernel's tile program (executor.cc)
+struct KernelProgram;  // a fused kernel's tile program (exec/program.h)
 
 class CompiledRegion {
  public:

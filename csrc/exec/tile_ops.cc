@@ -102,23 +102,6 @@ TPU_AI T fmax_nan(T x, T y) { return (x > y || x != x) ? x : y; }
 template <class T>
 TPU_AI T fmin_nan(T x, T y) { return (x < y || x != x) ? x : y; }
 
-int64_t int_div(int64_t a, int64_t b) {
-  if (b == 0) return -1;
-  if (a == std::numeric_limits<int64_t>::min() && b == -1) return a;
-  return a / b;
-}
-
-int64_t int_pow(int64_t base, int64_t e) {
-  if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
-  u64 result = 1, b = static_cast<u64>(base);
-  while (e) {
-    if (e & 1) result *= b;
-    b *= b;
-    e >>= 1;
-  }
-  return static_cast<int64_t>(result);
-}
-
 template <class T>
 TPU_AI void unary_float(OpKind op, T* __restrict__ d, const T* __restrict__ a, int64_t n) {
   switch (op) {
@@ -201,10 +184,10 @@ TPU_AI void binary_int(OpKind op, int64_t* d, const int64_t* a, int64_t ia, cons
     case OpKind::kMultiply:
       map2(d, a, ia, b, ib, n, [](int64_t x, int64_t y) { return static_cast<int64_t>(static_cast<u64>(x) * static_cast<u64>(y)); });
       return;
-    case OpKind::kDivide: map2(d, a, ia, b, ib, n, [](int64_t x, int64_t y) { return int_div(x, y); }); return;
+    case OpKind::kDivide: map2(d, a, ia, b, ib, n, [](int64_t x, int64_t y) { return ir::int_divide(x, y); }); return;
     case OpKind::kMaximum: map2(d, a, ia, b, ib, n, [](int64_t x, int64_t y) { return x > y ? x : y; }); return;
     case OpKind::kMinimum: map2(d, a, ia, b, ib, n, [](int64_t x, int64_t y) { return x < y ? x : y; }); return;
-    case OpKind::kPower: map2(d, a, ia, b, ib, n, [](int64_t x, int64_t y) { return int_pow(x, y); }); return;
+    case OpKind::kPower: map2(d, a, ia, b, ib, n, [](int64_t x, int64_t y) { return ir::int_power(x, y); }); return;
     case OpKind::kAnd: map2(d, a, ia, b, ib, n, [](int64_t x, int64_t y) { return x & y; }); return;
     case OpKind::kOr: map2(d, a, ia, b, ib, n, [](int64_t x, int64_t y) { return x | y; }); return;
     default: unsupported("binary", op, Lane::kI64);

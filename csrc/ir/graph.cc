@@ -269,13 +269,6 @@ void Graph::set_outputs(std::vector<ValueId> outputs) {
   for (ValueId v : outputs) add_output(v);
 }
 
-std::vector<std::vector<ValueId>> Graph::users() const {
-  std::vector<std::vector<ValueId>> u(ops_.size());
-  for (size_t i = 0; i < ops_.size(); ++i)
-    for (ValueId v : ops_[i].operands) u[v].push_back(static_cast<ValueId>(i));
-  return u;
-}
-
 void Graph::verify() const {
   int64_t next_param = 0;
   for (size_t i = 0; i < ops_.size(); ++i) {

@@ -68,7 +68,6 @@ struct Scalar {
   double f = 0.0;
   int64_t i = 0;
   static Scalar of(double value, ElementType t);  // ints truncate, pred = (value != 0)
-  double as_double(ElementType t) const { return is_float(t) ? f : static_cast<double>(i); }
   bool operator==(const Scalar& o) const;
   bool operator!=(const Scalar& o) const { return !(*this == o); }
 };
@@ -106,8 +105,6 @@ class Graph {
   const std::vector<ValueId>& parameters() const { return parameters_; }
   const std::vector<ValueId>& outputs() const { return outputs_; }
 
-  // Users of each value (op ids, in order, one entry per operand use).
-  std::vector<std::vector<ValueId>> users() const;
   // Checks every invariant (wiring, parameter numbering, per-op types and
   // shapes); throws std::invalid_argument naming the op.
   void verify() const;

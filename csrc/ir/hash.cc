@@ -6,17 +6,6 @@ namespace torch_tpu::ir {
 
 namespace {
 
-// splitmix64 finalizer as the mixing step.
-uint64_t mix(uint64_t h, uint64_t v) {
-  uint64_t x = h ^ (v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2));
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
 uint64_t double_bits(double d) {
   uint64_t u;
   std::memcpy(&u, &d, sizeof u);
@@ -61,28 +50,28 @@ uint64_t structural_hash(const Graph& g) {
   std::vector<ValueId> order = canonical_order(g);
   std::vector<int64_t> position(order.size());
   for (size_t i = 0; i < order.size(); ++i) position[order[i]] = static_cast<int64_t>(i);
-  uint64_t h = mix(0x7470755F6972ull, static_cast<uint64_t>(order.size()));
+  uint64_t h = hash_mix(0x7470755F6972ull, static_cast<uint64_t>(order.size()));
   for (ValueId v : order) {
     const Op& op = g.op(v);
-    h = mix(h, static_cast<uint64_t>(op.kind));
-    h = mix(h, static_cast<uint64_t>(op.type.dtype));
-    h = mix(h, op.type.shape.size());
-    for (int64_t d : op.type.shape) h = mix(h, static_cast<uint64_t>(d));
-    h = mix(h, op.operands.size());
-    for (ValueId u : op.operands) h = mix(h, static_cast<uint64_t>(position[u]));
+    h = hash_mix(h, static_cast<uint64_t>(op.kind));
+    h = hash_mix(h, static_cast<uint64_t>(op.type.dtype));
+    h = hash_mix(h, op.type.shape.size());
+    for (int64_t d : op.type.shape) h = hash_mix(h, static_cast<uint64_t>(d));
+    h = hash_mix(h, op.operands.size());
+    for (ValueId u : op.operands) h = hash_mix(h, static_cast<uint64_t>(position[u]));
     const Attributes& a = op.attrs;
-    h = mix(h, static_cast<uint64_t>(a.parameter_index));
-    h = mix(h, double_bits(a.value.f));
-    h = mix(h, static_cast<uint64_t>(a.value.i));
-    h = mix(h, static_cast<uint64_t>(a.direction));
-    h = mix(h, a.dimensions.size());
-    for (int64_t d : a.dimensions) h = mix(h, static_cast<uint64_t>(d));
-    h = mix(h, static_cast<uint64_t>(a.reduce_kind));
-    h = mix(h, double_bits(a.init.f));
-    h = mix(h, static_cast<uint64_t>(a.init.i));
+    h = hash_mix(h, static_cast<uint64_t>(a.parameter_index));
+    h = hash_mix(h, double_bits(a.value.f));
+    h = hash_mix(h, static_cast<uint64_t>(a.value.i));
+    h = hash_mix(h, static_cast<uint64_t>(a.direction));
+    h = hash_mix(h, a.dimensions.size());
+    for (int64_t d : a.dimensions) h = hash_mix(h, static_cast<uint64_t>(d));
+    h = hash_mix(h, static_cast<uint64_t>(a.reduce_kind));
+    h = hash_mix(h, double_bits(a.init.f));
+    h = hash_mix(h, static_cast<uint64_t>(a.init.i));
   }
-  h = mix(h, g.outputs().size());
-  for (ValueId v : g.outputs()) h = mix(h, static_cast<uint64_t>(position[v]));
+  h = hash_mix(h, g.outputs().size());
+  for (ValueId v : g.outputs()) h = hash_mix(h, static_cast<uint64_t>(position[v]));
   return h;
 }
 

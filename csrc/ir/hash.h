@@ -20,6 +20,19 @@
 
 namespace torch_tpu::ir {
 
+// Mixes `v` into the running hash `h`: boost's hash_combine step, then the
+// splitmix64 finalizer. The one mixing step of csrc's hashes (structural
+// hashes, CSE keys, the meta cache's and the defer repeat detector's keys).
+inline uint64_t hash_mix(uint64_t h, uint64_t v) {
+  uint64_t x = h ^ (v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2));
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
+
 // Op ids of `g` in canonical order (every op exactly once, operands first).
 std::vector<ValueId> canonical_order(const Graph& g);
 uint64_t structural_hash(const Graph& g);

@@ -99,26 +99,12 @@ double float_binary(OpKind k, double a, double b) {
   }
 }
 
-int64_t int_power(int64_t base, int64_t e) {
-  if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
-  u64 result = 1, b = static_cast<u64>(base);
-  while (e) {
-    if (e & 1) result *= b;
-    b *= b;
-    e >>= 1;
-  }
-  return static_cast<int64_t>(result);
-}
-
 int64_t int_binary(OpKind k, int64_t a, int64_t b) {
   switch (k) {
     case OpKind::kAdd: return static_cast<int64_t>(static_cast<u64>(a) + static_cast<u64>(b));
     case OpKind::kSubtract: return static_cast<int64_t>(static_cast<u64>(a) - static_cast<u64>(b));
     case OpKind::kMultiply: return static_cast<int64_t>(static_cast<u64>(a) * static_cast<u64>(b));
-    case OpKind::kDivide:
-      if (b == 0) return -1;
-      if (a == std::numeric_limits<int64_t>::min() && b == -1) return a;
-      return a / b;
+    case OpKind::kDivide: return int_divide(a, b);
     case OpKind::kMaximum: return a > b ? a : b;
     case OpKind::kMinimum: return a < b ? a : b;
     case OpKind::kPower: return int_power(a, b);

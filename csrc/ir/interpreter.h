@@ -37,7 +37,6 @@ struct Literal {
   static Literal from_bytes(const TensorType& t, const void* data);
   void to_bytes(void* data) const;
   int64_t numel() const { return type.numel(); }
-  double as_double(int64_t k) const { return is_float(type.dtype) ? f[k] : static_cast<double>(i[k]); }
 };
 
 struct InterpretOptions {

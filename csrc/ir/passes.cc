@@ -3,6 +3,8 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "ir/hash.h"
+
 namespace torch_tpu::ir {
 
 namespace {
@@ -35,22 +37,17 @@ struct OpKey {
   std::vector<ValueId> operands;  // after replacement
 };
 
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
-  return h * 0xBF58476D1CE4E5B9ull;
-}
-
 struct OpKeyHash {
   size_t operator()(const OpKey& k) const {
     uint64_t h = static_cast<uint64_t>(k.op->kind);
-    for (ValueId v : k.operands) h = mix(h, static_cast<uint64_t>(v));
-    h = mix(h, static_cast<uint64_t>(k.op->type.dtype));
-    for (int64_t d : k.op->type.shape) h = mix(h, static_cast<uint64_t>(d));
+    for (ValueId v : k.operands) h = hash_mix(h, static_cast<uint64_t>(v));
+    h = hash_mix(h, static_cast<uint64_t>(k.op->type.dtype));
+    for (int64_t d : k.op->type.shape) h = hash_mix(h, static_cast<uint64_t>(d));
     uint64_t f;
     std::memcpy(&f, &k.op->attrs.value.f, sizeof f);
-    h = mix(h, f);
-    h = mix(h, static_cast<uint64_t>(k.op->attrs.value.i));
-    for (int64_t d : k.op->attrs.dimensions) h = mix(h, static_cast<uint64_t>(d));
+    h = hash_mix(h, f);
+    h = hash_mix(h, static_cast<uint64_t>(k.op->attrs.value.i));
+    for (int64_t d : k.op->attrs.dimensions) h = hash_mix(h, static_cast<uint64_t>(d));
     return static_cast<size_t>(h);
   }
 };

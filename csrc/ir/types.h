@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -21,10 +22,6 @@ int64_t element_size(ElementType t);           // bytes in memory; pred is one b
 inline bool is_float(ElementType t) {
   return t == ElementType::f32 || t == ElementType::bf16 || t == ElementType::f16 ||
          t == ElementType::f64;
-}
-inline bool is_integer(ElementType t) {
-  return t == ElementType::s64 || t == ElementType::s32 || t == ElementType::s8 ||
-         t == ElementType::u8;
 }
 inline bool is_pred(ElementType t) { return t == ElementType::pred; }
 
@@ -98,5 +95,24 @@ int64_t wrap_to_type(int64_t v, ElementType t);
 
 inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 inline float round_to_f16(float f) { return f16_to_f32(f32_to_f16(f)); }
+
+// Integer division and power of the IR (interpreter and tile kernels alike):
+// x / 0 is -1 and INT64_MIN / -1 wraps; a negative exponent gives 0 unless
+// the base is 1 or -1; products wrap.
+inline int64_t int_divide(int64_t a, int64_t b) {
+  if (b == 0) return -1;
+  if (a == std::numeric_limits<int64_t>::min() && b == -1) return a;
+  return a / b;
+}
+inline int64_t int_power(int64_t base, int64_t e) {
+  if (e < 0) return base == 1 ? 1 : base == -1 ? ((e & 1) ? -1 : 1) : 0;
+  uint64_t result = 1, b = static_cast<uint64_t>(base);
+  while (e) {
+    if (e & 1) result *= b;
+    b *= b;
+    e >>= 1;
+  }
+  return static_cast<int64_t>(result);
+}
 
 }  // namespace torch_tpu::ir

@@ -2,10 +2,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include "aten/defer.h"
-#include "aten/defer_internal.h"
-#include "aten/errors.h"
+#include "defer/defer.h"
+#include "defer/lower.h"
 #include "exec/compile_cache.h"
+#include "runtime/errors.h"
 
 namespace py = pybind11;
 

@@ -6,11 +6,11 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
 
-#include "aten/device.h"
-#include "aten/errors.h"
 #include "distributed/backend.h"
 #include "distributed/collectives.h"
 #include "distributed/shm.h"
+#include "runtime/device.h"
+#include "runtime/errors.h"
 #include "vtpu/runtime.h"
 
 namespace py = pybind11;

@@ -1,14 +1,14 @@
-// torch_tpu._C bindings of the dry-run mode (csrc/aten/dry_run.h) and of the
+// torch_tpu._C bindings of the dry-run mode (csrc/runtime/dry_run.h) and of the
 // collective cost formulas it prices parallelism with (csrc/distributed).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <string>
 
-#include "aten/device.h"
-#include "aten/dry_run.h"
-#include "aten/errors.h"
 #include "distributed/collectives.h"
+#include "runtime/device.h"
+#include "runtime/dry_run.h"
+#include "runtime/errors.h"
 #include "vtpu/runtime.h"
 
 namespace py = pybind11;

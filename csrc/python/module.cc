@@ -7,12 +7,12 @@
 
 #include <thread>
 
-#include "aten/allocator.h"
-#include "aten/device.h"
-#include "aten/errors.h"
-#include "aten/eager_mode.h"
-#include "aten/generator.h"
 #include "aten/portability.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/eager_mode.h"
+#include "runtime/errors.h"
+#include "runtime/generator.h"
 #include "vtpu/layout.h"
 #include "vtpu/runtime.h"
 

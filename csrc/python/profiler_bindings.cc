@@ -1,9 +1,9 @@
-// torch_tpu._C bindings of the profiler (aten/profiler.h): the generation the
+// torch_tpu._C bindings of the profiler (runtime/profiler.h): the generation the
 // device tracks are estimated for, and the recorder's state.
 #include <pybind11/pybind11.h>
 
-#include "aten/errors.h"
-#include "aten/profiler.h"
+#include "runtime/errors.h"
+#include "runtime/profiler.h"
 
 namespace py = pybind11;
 

@@ -8,20 +8,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "vtpu/env.h"
+
 namespace vtpu {
 namespace {
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  size_t e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
-}
-
-const char* env(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr && trim(value) != "" ? value : nullptr;
-}
 
 // A non-negative decimal integer; -1 if `s` is not one.
 long long parse_index(const std::string& s) {

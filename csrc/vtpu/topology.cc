@@ -12,6 +12,8 @@
 #include <set>
 #include <stdexcept>
 
+#include "vtpu/env.h"
+
 namespace vtpu {
 namespace {
 
@@ -31,13 +33,6 @@ std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return s;
-}
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  size_t e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
 }
 
 // A positive decimal integer without sign or spaces; -1 if `s` is not one.
@@ -233,8 +228,7 @@ Topology Topology::parse(const std::string& raw_name) {
 
 Topology Topology::from_env() {
   for (const char* var : {"TORCH_TPU_TOPOLOGY", "TPU_ACCELERATOR_TYPE"}) {
-    const char* value = std::getenv(var);
-    if (value != nullptr && trim(value) != "") {
+    if (const char* value = env(var)) {
       try {
         return parse(value);
       } catch (const std::invalid_argument& e) {

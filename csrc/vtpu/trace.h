@@ -1,5 +1,5 @@
 // Hooks a profiler installs to see the chip's work: priced ops, collectives,
-// stream items and HBM usage. No torch headers (the profiler lives in aten/).
+// stream items and HBM usage. No torch headers (the profiler lives in runtime/).
 // When no profiler records, every hook site costs one atomic load.
 #pragma once
 

@@ -2,7 +2,7 @@
 
 ``torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])``
 records the tpu ops it sees through a Kineto activity profiler that torch_tpu registers
-with PyTorch's PrivateUse1 profiler registry (``csrc/aten/profiler.cc``). Each op priced
+with PyTorch's PrivateUse1 profiler registry (``csrc/runtime/profiler.cc``). Each op priced
 by the cost model becomes a device event linked to the host op that issued it, so
 ``prof.key_averages()`` has device time per op (``self_device_time_total``,
 ``device_time_total``; the table's "Self TPU" / "TPU total" columns) and the exported

@@ -14,7 +14,7 @@ variants, and in the defer_and_fuse ones also its float32 gradient cases
                                (``_C._defer_set_single_op_aten(False)``): every
                                region, one op or more, runs compiled fused
                                kernels, so every fusible op's lowering
-                               (defer_lower.cc) and the executor's kernels are
+                               (defer/lower.cc) and the executor's kernels are
                                compared with CPU.
 
 Same skips (``opinfo_skips.SKIPS``), plus the variant-specific ones in

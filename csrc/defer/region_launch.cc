@@ -1,8 +1,5 @@
 // Compiled IR regions on a chip: compile (cached), split, price, queue (see region_launch.h).
-#include "aten/region_launch.h"
-
-#include "aten/allocator.h"
-#include "aten/dry_run.h"
+#include "defer/region_launch.h"
 
 #include <ATen/Parallel.h>
 
@@ -14,27 +11,22 @@
 #include <stdexcept>
 #include <string>
 
-#include "aten/defer.h"
-#include "aten/defer_internal.h"
-#include "aten/device.h"
-#include "aten/host_alias.h"
+#include "defer/defer.h"
+#include "defer/lower.h"
 #include "exec/compile_cache.h"
 #include "ir/passes.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/dry_run.h"
+#include "runtime/host_alias.h"
 #include "vtpu/cost_model.h"
+#include "vtpu/env.h"
 #include "vtpu/layout.h"
 #include "vtpu/runtime.h"
 
 namespace torch_tpu {
 
 using ir::ValueId;
-
-int64_t env_positive_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long long x = std::strtoll(v, &end, 10);
-  return (end && *end == '\0' && x > 0) ? x : fallback;
-}
 
 namespace {
 
@@ -44,7 +36,7 @@ int64_t split_elements() {
   static const int64_t n = [] {
     const char* v = std::getenv("TORCH_TPU_DEFER_SPLIT_ELEMENTS");
     if (v && std::string(v) == "0") return int64_t{0};
-    return env_positive_int("TORCH_TPU_DEFER_SPLIT_ELEMENTS", int64_t{1} << 18);
+    return vtpu::env_positive_int("TORCH_TPU_DEFER_SPLIT_ELEMENTS", int64_t{1} << 18);
   }();
   return n;
 }
@@ -105,7 +97,7 @@ std::vector<int> split_dims(const ir::Graph& g, int64_t n) {
 // norm) stay in the core's cache instead of streaming through memory, as a
 // TPU keeps them in VMEM.
 int64_t chunk_elements() {
-  static const int64_t n = env_positive_int("TORCH_TPU_DEFER_CHUNK_ELEMENTS", int64_t{1} << 18);
+  static const int64_t n = vtpu::env_positive_int("TORCH_TPU_DEFER_CHUNK_ELEMENTS", int64_t{1} << 18);
   return n;
 }
 

@@ -15,8 +15,8 @@
 #include <cmath>
 #include <unordered_map>
 
-#include "aten/defer_internal.h"
-#include "aten/generator.h"
+#include "defer/lower.h"
+#include "runtime/generator.h"
 
 namespace torch_tpu::defer {
 
@@ -38,6 +38,21 @@ std::optional<ElementType> ir_type(c10::ScalarType t) {
     case c10::kBool: return ElementType::pred;
     default: return std::nullopt;
   }
+}
+
+c10::ScalarType scalar_type_of(ElementType t) {
+  switch (t) {
+    case ElementType::f32: return c10::kFloat;
+    case ElementType::bf16: return c10::kBFloat16;
+    case ElementType::f16: return c10::kHalf;
+    case ElementType::f64: return c10::kDouble;
+    case ElementType::s64: return c10::kLong;
+    case ElementType::s32: return c10::kInt;
+    case ElementType::s8: return c10::kChar;
+    case ElementType::u8: return c10::kByte;
+    case ElementType::pred: return c10::kBool;
+  }
+  return c10::kFloat;
 }
 
 ElementType opmath_of(ElementType t) {
@@ -591,18 +606,29 @@ std::vector<int64_t> dims_except(int64_t rank, int64_t dim) {
   return keep;
 }
 
+// What a softmax (or its backward) over `t`, along the dim in argument
+// `dim_arg`, computes with: the dim, the opmath type of the float result,
+// the result shape and the dimensions a per-row value broadcasts back along.
+struct SoftmaxFrame {
+  int64_t dim;
+  ElementType mt;
+  ir::Shape shape;
+  std::vector<int64_t> keep;
+};
+
+SoftmaxFrame softmax_frame(Lowering& L, const at::Tensor& t, size_t dim_arg) {
+  const int64_t rank = t.dim();
+  const int64_t dim = c10::maybe_wrap_dim(L.ivalue(dim_arg).toInt(), rank);
+  return SoftmaxFrame{dim, opmath_of(ir_or_throw(float_out(L))), L.out().shape, dims_except(rank, dim)};
+}
+
 // _softmax(self, dim, half_to_float) / _log_softmax: ATen's _vec_softmax:
 // exp(x - max) * (1 / sum), and (x - max) - log(sum).
 void softmax(Lowering& L, bool log) {
   require(L.is_tensor(0));
   const at::Tensor& x_t = L.arg(0).tensor;
   require(is_float_dtype(x_t.scalar_type()) && x_t.dim() >= 1);
-  const int64_t rank = x_t.dim();
-  int64_t dim = c10::maybe_wrap_dim(L.ivalue(1).toInt(), rank);
-  c10::ScalarType od = float_out(L);
-  ElementType mt = opmath_of(ir_or_throw(od));
-  const ir::Shape shape = L.out().shape;
-  const std::vector<int64_t> keep = dims_except(rank, dim);
+  const auto [dim, mt, shape, keep] = softmax_frame(L, x_t, 1);
   ValueId x = L.arg(0).value;
   if (L.b.type(x).dtype != mt) x = L.b.convert(x, mt);
   ValueId mx = L.b.reduce(x, ReduceKind::kMax, {dim});
@@ -625,13 +651,8 @@ void softmax_backward(Lowering& L, bool log) {
   require(L.is_tensor(0) && L.is_tensor(1));
   const at::Tensor& y_t = L.arg(1).tensor;
   require(y_t.dim() >= 1);
-  const int64_t rank = y_t.dim();
-  int64_t dim = c10::maybe_wrap_dim(L.ivalue(2).toInt(), rank);
-  c10::ScalarType od = float_out(L);
-  ElementType mt = opmath_of(ir_or_throw(od));
-  const ir::Shape shape = L.out().shape;
-  const std::vector<int64_t> keep = dims_except(rank, dim);
-  auto widen = [&](ValueId v) { return L.b.type(v).dtype == mt ? v : L.b.convert(v, mt); };
+  const auto [dim, mt, shape, keep] = softmax_frame(L, y_t, 2);
+  auto widen = [&L, mt = mt](ValueId v) { return L.b.type(v).dtype == mt ? v : L.b.convert(v, mt); };
   ValueId g = widen(L.arg(0).value), y = widen(L.arg(1).value);
   require(L.b.type(g).shape == shape && L.b.type(y).shape == shape);
   ValueId r;

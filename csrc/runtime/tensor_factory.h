@@ -13,9 +13,8 @@ at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Scal
 // Grows (or shrinks) a tpu storage to `nbytes`, keeping its contents.
 void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);
 
-// Gives tpu tensor `t` the sizes, strides and offset of `like` (a meta or
-// host tensor), growing its storage when it does not fit.
-void set_metadata_like(const at::Tensor& t, const at::Tensor& like);
+// Gives tpu tensor `t` these sizes, strides and offset, growing its storage
+// when they do not fit.
 void set_metadata(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset);
 
 }  // namespace torch_tpu

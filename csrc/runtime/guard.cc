@@ -1,8 +1,8 @@
 // c10 device guard for tpu: current device, streams and events.
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include "aten/device.h"
-#include "aten/errors.h"
+#include "runtime/device.h"
+#include "runtime/errors.h"
 
 namespace torch_tpu {
 namespace {

@@ -1,4 +1,4 @@
-#include "aten/host_alias.h"
+#include "runtime/host_alias.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>

@@ -8,7 +8,7 @@
 // chip's previous op ends, whichever is later, and lasts the cost model's
 // time for the chosen generation. Measured vTPU (host) run times go in args.
 #define USE_KINETO 1
-#include "aten/profiler.h"
+#include "runtime/profiler.h"
 
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
 #include <libkineto.h>
@@ -28,7 +28,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "aten/device.h"
+#include "runtime/device.h"
 #include "vtpu/counters.h"
 #include "vtpu/spec.h"
 #include "vtpu/trace.h"

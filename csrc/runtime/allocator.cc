@@ -1,4 +1,4 @@
-#include "aten/allocator.h"
+#include "runtime/allocator.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -10,9 +10,9 @@
 #include <mutex>
 #include <unordered_set>
 
-#include "aten/device.h"
-#include "aten/dry_run.h"
-#include "aten/errors.h"
+#include "runtime/device.h"
+#include "runtime/dry_run.h"
+#include "runtime/errors.h"
 #include "vtpu/layout.h"
 
 namespace torch_tpu {

@@ -1,11 +1,11 @@
-#include "aten/device.h"
+#include "runtime/device.h"
 
 #include <atomic>
 #include <mutex>
 #include <vector>
 
-#include "aten/defer.h"
-#include "aten/errors.h"
+#include "defer/defer.h"
+#include "runtime/errors.h"
 
 namespace torch_tpu {
 namespace {

@@ -19,9 +19,6 @@ c10::DeviceIndex device_count();
 vtpu::Chip& chip(c10::DeviceIndex index);
 // -1 means the current device.
 c10::DeviceIndex resolve_index(c10::DeviceIndex index);
-inline vtpu::Chip& chip_of(const c10::Device& device) {
-  return chip(resolve_index(device.has_index() ? device.index() : -1));
-}
 
 c10::DeviceIndex current_device();
 void set_current_device(c10::DeviceIndex index);  // raises IndexError

@@ -1,5 +1,5 @@
 // Running compiled IR regions on a chip, shared by defer_and_fuse
-// (defer_region.cc) and torch.compile programs (compile_bindings.cc): compile
+// (flush.cc) and torch.compile programs (program_region.cc): compile
 // through the process-wide CompileCache, split large regions into row chunks
 // for the intra-op threads, price the kernels in the cost model, and queue a
 // region over tpu tensors on the chip's stream.
@@ -18,10 +18,6 @@
 #include "ir/graph.h"
 
 namespace torch_tpu {
-
-// A positive integer from environment variable `name`; `fallback` when it is
-// unset, empty, not a number or not positive.
-int64_t env_positive_int(const char* name, int64_t fallback);
 
 // How a region runs: as one call of the executor, or split along the
 // leading dimension of its results into cache-sized chunks that run on the

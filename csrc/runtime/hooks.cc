@@ -4,9 +4,10 @@
 
 #include <mutex>
 
-#include "aten/allocator.h"
-#include "aten/device.h"
-#include "aten/generator.h"
+#include "runtime/allocator.h"
+#include "runtime/device.h"
+#include "runtime/generator.h"
+#include "runtime/tensor_factory.h"
 
 namespace torch_tpu {
 namespace {
@@ -45,8 +46,6 @@ struct TPUHooks final : public at::PrivateUse1HooksInterface {
 };
 
 }  // namespace
-
-void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);  // ops_view.cc
 
 void TPUHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const {
   resize_storage_bytes(storage.unsafeGetStorageImpl(), newsize);

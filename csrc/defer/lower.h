@@ -1,5 +1,5 @@
-// Pieces of defer_and_fuse shared between the recorder (defer_region.cc) and
-// the table of op lowerings (defer_lower.cc).
+// Pieces of defer_and_fuse shared between the recorder (record.cc) and
+// the table of op lowerings (lower.cc).
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -20,6 +20,8 @@ using ir::ValueId;
 // The IR element type of an ATen dtype, or nullopt when the IR has none
 // (int16, unsigned > 8 bit, complex, float8, ...).
 std::optional<ir::ElementType> ir_type(c10::ScalarType t);
+// The ATen dtype of an IR element type (the inverse of ir_type).
+c10::ScalarType scalar_type_of(ir::ElementType t);
 // 16-bit floats compute in f32 inside an op (ATen's opmath type, the VPU's lanes).
 ir::ElementType opmath_of(ir::ElementType t);
 
@@ -75,14 +77,12 @@ class Lowering {
   const Operand& arg(size_t i) const;
   size_t num_args() const { return args_.size(); }
   bool is_tensor(size_t i) const { return i < args_.size() && args_[i].kind == Operand::Kind::kTensor; }
-  bool is_scalar(size_t i) const { return i < args_.size() && args_[i].kind == Operand::Kind::kScalar; }
   bool is_none(size_t i) const { return i >= args_.size() || args_[i].ivalue == nullptr || args_[i].ivalue->isNone(); }
   c10::Scalar scalar(size_t i) const;  // kScalar (or a Scalar-typed IValue)
   const c10::IValue& ivalue(size_t i) const;
 
   const ir::TensorType& out(size_t k = 0) const { return outs_.at(k); }
   c10::ScalarType out_dtype(size_t k = 0) const { return out_dtypes_.at(k); }
-  size_t num_outs() const { return outs_.size(); }
 
   // ATen's result_type over the listed arguments (tensors, wrapped numbers,
   // Scalars; absent optional arguments skipped).

@@ -1,4 +1,4 @@
-#include "aten/generator.h"
+#include "runtime/generator.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "aten/device.h"
+#include "runtime/device.h"
 
 namespace torch_tpu {
 

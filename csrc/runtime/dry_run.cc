@@ -1,4 +1,4 @@
-#include "aten/dry_run.h"
+#include "runtime/dry_run.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,8 +1,9 @@
-#include "aten/eager_mode.h"
+#include "runtime/eager_mode.h"
 
 #include <c10/util/Exception.h>
 
-#include "aten/dry_run.h"
+#include "runtime/dry_run.h"
+#include "vtpu/env.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -11,14 +12,9 @@
 namespace torch_tpu {
 namespace {
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
-}
-
 EagerMode initial_mode() {
-  if (env_flag("TORCH_TPU_LAUNCH_BLOCKING")) return EagerMode::kDebug;
-  if (env_flag("TORCH_TPU_DEFER_AND_FUSE")) return EagerMode::kDeferAndFuse;
+  if (vtpu::env_flag("TORCH_TPU_LAUNCH_BLOCKING", false)) return EagerMode::kDebug;
+  if (vtpu::env_flag("TORCH_TPU_DEFER_AND_FUSE", false)) return EagerMode::kDeferAndFuse;
   return EagerMode::kStrict;
 }
 
@@ -30,7 +26,7 @@ std::atomic<int>& global_mode() {
 thread_local int tls_mode = -1;  // -1: no override
 
 std::atomic<bool>& finite_flag() {
-  static std::atomic<bool> flag{env_flag("TORCH_TPU_CHECK_FINITE")};
+  static std::atomic<bool> flag{vtpu::env_flag("TORCH_TPU_CHECK_FINITE", false)};
   return flag;
 }
 

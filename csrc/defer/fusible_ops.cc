@@ -13,11 +13,11 @@
 #include <ATen/ops/clone_native.h>
 #include <torch/library.h>
 
-#include "aten/defer.h"
-#include "aten/defer_internal.h"
-#include "aten/eager_mode.h"
 #include "aten/fallback_internal.h"
 #include "aten/op_info.h"
+#include "defer/defer.h"
+#include "defer/lower.h"
+#include "runtime/eager_mode.h"
 
 namespace torch_tpu {
 namespace {

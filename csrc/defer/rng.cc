@@ -29,8 +29,8 @@
 #include <mutex>
 #include <vector>
 
-#include "aten/defer_internal.h"
-#include "aten/generator.h"
+#include "defer/lower.h"
+#include "runtime/generator.h"
 
 namespace torch_tpu::defer {
 namespace {
