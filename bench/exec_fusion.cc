@@ -13,9 +13,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
-#include <ctime>
 #include <vector>
 
 #include "exec/executor.h"
@@ -115,8 +115,10 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> normal(0.0f, 2.0f);
     for (int64_t i = 0; i < n; ++i) {
       float v = normal(rng);
-      if (dtype == ir::ElementType::f32) std::memcpy(&x[i * 4], &v, 4);
-      else reinterpret_cast<uint16_t*>(x.data())[i] = ir::f32_to_bf16(v);
+      if (dtype == ir::ElementType::f32)
+        std::memcpy(&x[i * 4], &v, 4);
+      else
+        reinterpret_cast<uint16_t*>(x.data())[i] = ir::f32_to_bf16(v);
     }
     std::vector<exec::Buffer> in{exec::Buffer::contiguous(x.data(), dtype, {n})};
     Timing tf = time_runs(fused, in, {exec::Buffer::contiguous(y1.data(), dtype, {n})}, repeats);
@@ -135,8 +137,8 @@ int main(int argc, char** argv) {
     }
     std::printf("%10lld %3lld/%-3lld %9.3f (%9.3f) %9.3f (%9.3f) %6.2fx %9.2f %8.1f MB  max|fused-unfused| %.2g\n",
                 static_cast<long long>(n), static_cast<long long>(fused.num_kernels()),
-                static_cast<long long>(unfused.num_kernels()), tf.cpu * 1e3, tf.wall * 1e3, tu.cpu * 1e3,
-                tu.wall * 1e3, tu.cpu / tf.cpu, 2.0 * n * es / tf.cpu / 1e9, unfused.temp_bytes() / 1e6, max_diff);
+                static_cast<long long>(unfused.num_kernels()), tf.cpu * 1e3, tf.wall * 1e3, tu.cpu * 1e3, tu.wall * 1e3,
+                tu.cpu / tf.cpu, 2.0 * n * es / tf.cpu / 1e9, unfused.temp_bytes() / 1e6, max_diff);
   }
   exec::release_thread_scratch();
   return 0;

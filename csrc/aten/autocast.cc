@@ -7,9 +7,7 @@
 namespace at::autocast {
 namespace {
 
-TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFallthrough());
-}
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
 
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 #define TPU_LOWER_PRECISION_FP(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)

@@ -67,7 +67,9 @@ std::optional<int64_t> out_of_range(const at::Tensor& index, int64_t low, int64_
 // Bounds of the index ops docs/eager-modes.md lists (debug); the chip has been synchronized.
 void check_index_bounds(const std::string& name, const std::vector<IValue>& args) {
   auto tensor = [&](size_t i) { return i < args.size() && args[i].isTensor() ? args[i].toTensor() : at::Tensor(); };
-  auto dim_size = [](const at::Tensor& t, int64_t dim) { return t.dim() == 0 ? 1 : t.size(c10::maybe_wrap_dim(dim, t.dim())); };
+  auto dim_size = [](const at::Tensor& t, int64_t dim) {
+    return t.dim() == 0 ? 1 : t.size(c10::maybe_wrap_dim(dim, t.dim()));
+  };
   auto fail = [&](int64_t bad, int64_t size, const std::string& what) {
     TORCH_CHECK_INDEX(false, name, ": index ", bad, " is out of bounds for ", what, " with size ", size);
   };
@@ -91,7 +93,8 @@ void check_index_bounds(const std::string& name, const std::vector<IValue>& args
     }
   } else if (name == "aten::take") {
     const at::Tensor self = tensor(0);
-    if (auto bad = out_of_range(tensor(1), -self.numel(), self.numel())) fail(*bad, self.numel(), "the flattened input");
+    if (auto bad = out_of_range(tensor(1), -self.numel(), self.numel()))
+      fail(*bad, self.numel(), "the flattened input");
   } else if (name == "aten::index" || name == "aten::index_put" || name == "aten::_index_put_impl" ||
              name == "aten::index_put_") {
     const at::Tensor self = tensor(0);
@@ -121,7 +124,8 @@ void check_results_finite(const std::string& label, const torch::jit::Stack& sta
                   c10::toString(t.scalar_type()), t.sizes());
     };
     if (stack[r].isTensor()) check(stack[r].toTensor());
-    if (stack[r].isTensorList()) for (const at::Tensor& t : stack[r].toTensorList()) check(t);
+    if (stack[r].isTensorList())
+      for (const at::Tensor& t : stack[r].toTensorList()) check(t);
   }
 }
 

@@ -8,17 +8,17 @@
 // meta kernel: nonzero, unique, masked_select, ...) synchronize and run at once.
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ops/empty.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <cstring>
-#include <sstream>
 #include <mutex>
-#include <unordered_map>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -51,13 +51,6 @@ struct QueuedArg {
   std::vector<std::optional<TensorRecipe>> tensors;
 };
 
-
-
-
-
-
-
-
 // The host engine random kernels use for a tpu op's Generator argument.
 IValue host_generator(const IValue& v, c10::DeviceIndex device, const std::string& op) {
   at::Generator gen = v.isNone() ? default_generator(device) : v.toGenerator();
@@ -65,11 +58,9 @@ IValue host_generator(const IValue& v, c10::DeviceIndex device, const std::strin
   return IValue(at::check_generator<TPUGeneratorImpl>(gen)->host_engine());
 }
 
-
-
 // Converts the op's arguments into queued form; validates devices.
-std::vector<QueuedArg> queue_args(const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args,
-                                  DeviceCheck& check, const std::string& op) {
+std::vector<QueuedArg> queue_args(const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args, DeviceCheck& check,
+                                  const std::string& op) {
   std::vector<QueuedArg> out(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     const IValue& v = args[i];
@@ -150,14 +141,13 @@ torch::jit::Stack build_stack(const std::vector<QueuedArg>& args, AliasBuilder& 
   return stack;
 }
 
-
 // A view of `aliased`'s storage with the given layout and dtype (view_as_real,
 // view_as_complex and view(dtype) change the dtype; as_strided cannot).
 at::Tensor view_of(const at::Tensor& aliased, c10::IntArrayRef sizes, c10::IntArrayRef strides, int64_t offset,
                    c10::ScalarType dtype) {
   if (dtype == aliased.scalar_type()) return aliased.as_strided(sizes, strides, offset);
-  at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(aliased.storage()), aliased.key_set(), c10::scalarTypeToTypeMeta(dtype));
+  at::Tensor view = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(aliased.storage()), aliased.key_set(),
+                                                             c10::scalarTypeToTypeMeta(dtype));
   view.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
   return view;
 }
@@ -185,7 +175,8 @@ std::vector<at::Tensor> aliased_tensors(c10::ArrayRef<IValue> args, const Return
   if (alias.arg < 0) return out;
   const IValue& v = args[alias.arg];
   if (v.isTensor()) out.push_back(v.toTensor());
-  if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) out.push_back(t);
+  if (v.isTensorList())
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(t);
   return out;
 }
 
@@ -234,7 +225,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
 
   // Allocate results now; the work fills them later.
   std::vector<IValue> results;
-  std::vector<TensorRecipe> fresh;      // results the work must copy into
+  std::vector<TensorRecipe> fresh;                    // results the work must copy into
   std::vector<std::pair<size_t, size_t>> fresh_slot;  // (return, list index)
   for (size_t r = 0; r < meta.size(); ++r) {
     const ReturnAlias& alias = info.returns[r];
@@ -306,7 +297,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       return;
     }
     stream.enqueue_named(label.c_str(), [op, queued = std::move(queued), fresh = std::move(fresh),
-                           fresh_slot = std::move(fresh_slot), precision] {
+                                         fresh_slot = std::move(fresh_slot), precision] {
       AliasBuilder host(c10::kCPU);
       auto cpu = build_stack(queued, host);
       at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -322,7 +313,6 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   torch::jit::drop(*stack, num_args);
   for (auto& v : results) stack->push_back(std::move(v));
 }
-
 
 // Ops that overwrite `self` without reading it (random fills, fill_): an undefined
 // self (written in a dry run) is fine for them, and defined afterwards.
@@ -361,7 +351,8 @@ void check_args_defined(const c10::OperatorHandle& op, const torch::jit::Stack& 
 
 void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = op_info(op);
-  TORCH_CHECK_NOT_IMPLEMENTED(!info.sparse, info.label, ": sparse tensors are not supported on tpu (TPUs "
+  TORCH_CHECK_NOT_IMPLEMENTED(!info.sparse, info.label,
+                              ": sparse tensors are not supported on tpu (TPUs "
                               "have no sparse layouts); use dense tensors");
   if (any_undefined() && !dry_run()) {
     const bool overwrite = overwrites_self(op);
@@ -452,9 +443,7 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
 
 void tpu_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { tpu_fallback(op, stack); }
 
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
-}
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>()); }
 
 }  // namespace torch_tpu
 

@@ -27,16 +27,18 @@ class DeviceCheck {
       if (index_ < 0) {
         index_ = t.device().index();
       } else if (t.device().index() != index_) {
-        TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two "
-                    "devices, tpu:", static_cast<int>(index_), " and ", t.device(), "! (in ", op_, ")");
+        TORCH_CHECK(false,
+                    "Expected all tensors to be on the same device, but found at least two "
+                    "devices, tpu:",
+                    static_cast<int>(index_), " and ", t.device(), "! (in ", op_, ")");
       }
       return;
     }
     // Host scalars mix with device tensors, as with CUDA; index lists may be on the host.
     if (t.device().is_cpu() && (t.dim() == 0 || host_allowed)) return;
     TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu and ",
-                t.device(), "! (in ", op_, ": argument of shape ", t.sizes(), " and dtype ",
-                t.scalar_type(), " is on ", t.device(), ")");
+                t.device(), "! (in ", op_, ": argument of shape ", t.sizes(), " and dtype ", t.scalar_type(), " is on ",
+                t.device(), ")");
   }
   void device(const c10::Device& d) {
     if (d.type() == kTPU && index_ < 0) index_ = resolve_index(d.has_index() ? d.index() : -1);

@@ -12,21 +12,17 @@ namespace {
 // `self` scaled by beta), which the extra passes of `high` must not repeat.
 struct Operands {
   int a, b;
-  int additive;    // -1: none
-  bool is_bias;    // additive is an optional bias (pass None) rather than beta (pass 0)
-  int beta;        // position of beta, when !is_bias
+  int additive;  // -1: none
+  bool is_bias;  // additive is an optional bias (pass None) rather than beta (pass 0)
+  int beta;      // position of beta, when !is_bias
 };
 
 const Operands* operands_of(const c10::OperatorHandle& op) {
   static const std::unordered_map<std::string, Operands> table = {
-      {"aten::mm", {0, 1, -1, false, -1}},
-      {"aten::bmm", {0, 1, -1, false, -1}},
-      {"aten::mv", {0, 1, -1, false, -1}},
-      {"aten::dot", {0, 1, -1, false, -1}},
-      {"aten::addmm", {1, 2, 0, false, 3}},
-      {"aten::baddbmm", {1, 2, 0, false, 3}},
-      {"aten::addbmm", {1, 2, 0, false, 3}},
-      {"aten::addmv", {1, 2, 0, false, 3}},
+      {"aten::mm", {0, 1, -1, false, -1}},        {"aten::bmm", {0, 1, -1, false, -1}},
+      {"aten::mv", {0, 1, -1, false, -1}},        {"aten::dot", {0, 1, -1, false, -1}},
+      {"aten::addmm", {1, 2, 0, false, 3}},       {"aten::baddbmm", {1, 2, 0, false, 3}},
+      {"aten::addbmm", {1, 2, 0, false, 3}},      {"aten::addmv", {1, 2, 0, false, 3}},
       {"aten::convolution", {0, 1, 2, true, -1}},
   };
   auto it = table.find(op.schema().name());

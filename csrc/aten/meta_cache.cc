@@ -31,9 +31,7 @@ TensorMeta describe(const at::Tensor& t) {
 // devices become meta, generators are dropped (meta kernels draw nothing).
 torch::jit::Stack meta_stack(const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args) {
   AliasBuilder meta(c10::kMeta);
-  auto to_meta = [&](const at::Tensor& t) {
-    return (t.defined() && t.device().type() == kTPU) ? meta.alias(t) : t;
-  };
+  auto to_meta = [&](const at::Tensor& t) { return (t.defined() && t.device().type() == kTPU) ? meta.alias(t) : t; };
   torch::jit::Stack stack;
   for (size_t i = 0; i < args.size(); ++i) {
     const IValue& v = args[i];

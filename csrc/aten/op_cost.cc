@@ -28,9 +28,12 @@ void for_each_tensor(c10::ArrayRef<c10::IValue> args, const std::function<void(c
 int passes_for(c10::ScalarType dtype, at::Float32MatmulPrecision precision) {
   if (dtype != at::kFloat) return 1;
   switch (precision) {
-    case at::Float32MatmulPrecision::HIGHEST: return 6;
-    case at::Float32MatmulPrecision::HIGH: return 3;
-    default: return 1;
+    case at::Float32MatmulPrecision::HIGHEST:
+      return 6;
+    case at::Float32MatmulPrecision::HIGH:
+      return 3;
+    default:
+      return 1;
   }
 }
 

@@ -4,8 +4,8 @@
 #pragma once
 
 #include <ATen/Context.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <vector>
 

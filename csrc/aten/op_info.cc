@@ -25,8 +25,7 @@ bool returns_only_tensors(const c10::FunctionSchema& schema) {
   for (const auto& r : schema.returns()) {
     const auto& type = r.type();
     if (type->kind() == c10::TypeKind::TensorType) continue;
-    if (type->kind() == c10::TypeKind::ListType &&
-        type->containedType(0)->kind() == c10::TypeKind::TensorType) {
+    if (type->kind() == c10::TypeKind::ListType && type->containedType(0)->kind() == c10::TypeKind::TensorType) {
       continue;
     }
     return false;
@@ -39,8 +38,7 @@ bool returns_only_tensors(const c10::FunctionSchema& schema) {
 std::optional<c10::OperatorHandle> find_out_variant(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   const std::string& overload = schema.overload_name();
-  for (const std::string& name : {overload.empty() ? std::string("out") : overload + "_out",
-                                  std::string("out")}) {
+  for (const std::string& name : {overload.empty() ? std::string("out") : overload + "_out", std::string("out")}) {
     auto handle = c10::Dispatcher::singleton().findOp({schema.name(), name});
     if (!handle) continue;
     const auto& out = handle->schema();
@@ -73,12 +71,17 @@ OpInfo* build(const c10::OperatorHandle& op) {
   // Ops whose meta kernels disagree with their CPU kernels (output dtypes or
   // shapes), or whose CPU out= kernels resize or re-stride their outputs:
   // they run synchronously on the CPU kernel's own results.
-  static const std::unordered_set<std::string> meta_disagrees = {
-      "aten::native_batch_norm", "aten::_native_batch_norm_legit",
-      "aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_with_update",
-      "aten::_batch_norm_no_update", "aten::huber_loss", "aten::binary_cross_entropy",
-      "aten::_embedding_bag", "aten::_embedding_bag_forward_only", "aten::max_unpool2d",
-      "aten::max_unpool3d"};
+  static const std::unordered_set<std::string> meta_disagrees = {"aten::native_batch_norm",
+                                                                 "aten::_native_batch_norm_legit",
+                                                                 "aten::_native_batch_norm_legit_no_training",
+                                                                 "aten::_batch_norm_with_update",
+                                                                 "aten::_batch_norm_no_update",
+                                                                 "aten::huber_loss",
+                                                                 "aten::binary_cross_entropy",
+                                                                 "aten::_embedding_bag",
+                                                                 "aten::_embedding_bag_forward_only",
+                                                                 "aten::max_unpool2d",
+                                                                 "aten::max_unpool3d"};
   if (meta_disagrees.count(schema.name())) info->no_meta = info->meta_disagrees = true;
   info->out_variant = find_out_variant(op);
   return info;

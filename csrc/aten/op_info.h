@@ -20,12 +20,12 @@ struct ReturnAlias {
 };
 
 struct OpInfo {
-  std::string label;                // "aten::add.Tensor"
-  bool sparse = false;              // a sparse-layout op: not supported on tpu
-  bool returns_only_tensors = true; // else the host needs its results now
+  std::string label;                 // "aten::add.Tensor"
+  bool sparse = false;               // a sparse-layout op: not supported on tpu
+  bool returns_only_tensors = true;  // else the host needs its results now
   std::vector<ReturnAlias> returns;
-  bool writes_args = false;         // in-place or out= arguments
-  bool matmul = false;              // follows the float32 matmul precision
+  bool writes_args = false;  // in-place or out= arguments
+  bool matmul = false;       // follows the float32 matmul precision
   // "add.Tensor" -> "add.out": same arguments plus one kwarg-only Tensor(a!)
   // per return, so the CPU kernel can write straight into HBM.
   std::optional<c10::OperatorHandle> out_variant;

@@ -9,14 +9,12 @@ namespace {
 
 constexpr int64_t kSdpMath = 0;  // sdp::SDPBackend::math
 
-int64_t fused_sdp_choice_tpu(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool) {
+int64_t fused_sdp_choice_tpu(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                             double, bool, std::optional<double>, bool) {
   return kSdpMath;
 }
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice_tpu));
-}
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice_tpu)); }
 
 }  // namespace
 }  // namespace torch_tpu

@@ -31,8 +31,8 @@ void enqueue_copy(vtpu::Stream& stream, TensorRecipe dst, TensorRecipe src) {
 
 at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(at::is_expandable_to(src.sizes(), dst.sizes()), "copy_: the source's shape ", src.sizes(),
-              " cannot be broadcast to the destination's shape ", dst.sizes(), " (source ", src.device(),
-              " ", src.scalar_type(), ", destination ", dst.device(), " ", dst.scalar_type(), ")");
+              " cannot be broadcast to the destination's shape ", dst.sizes(), " (source ", src.device(), " ",
+              src.scalar_type(), ", destination ", dst.device(), " ", dst.scalar_type(), ")");
   // Broadcasting copies are expanded first so that both sides have one shape.
   at::Tensor source = src.sizes() == dst.sizes() ? src : src.expand(dst.sizes());
   if (dst.numel() == 0) return dst;
@@ -47,7 +47,8 @@ at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_
     if (dst_tpu) chip(dst.device().index()).record_cost(transfer_cost(0, physical_bytes_of(dst)));
   }
   if (dry_run()) {  // priced, not moved
-    if (!dst_tpu) dry_run_host_read("copying a tpu tensor of shape " + c10::str(source.sizes()) + " to " + dst.device().str());
+    if (!dst_tpu)
+      dry_run_host_read("copying a tpu tensor of shape " + c10::str(source.sizes()) + " to " + dst.device().str());
     mark_undefined(dst);
     return dst;
   }
@@ -63,10 +64,16 @@ at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_
       // later work after the copy.
       auto& src_stream = current_vtpu_stream(source.device().index());
       vtpu::Event ready;
-      translate_errors([&] { ready.record(src_stream); ready.block(dst_stream); });
+      translate_errors([&] {
+        ready.record(src_stream);
+        ready.block(dst_stream);
+      });
       enqueue_copy(dst_stream, TensorRecipe::of(dst), TensorRecipe::of(source));
       vtpu::Event done;
-      translate_errors([&] { done.record(dst_stream); done.block(src_stream); });
+      translate_errors([&] {
+        done.record(dst_stream);
+        done.block(src_stream);
+      });
     } else {
       enqueue_copy(dst_stream, TensorRecipe::of(dst), TensorRecipe::of(source));
     }

@@ -24,21 +24,20 @@ c10::DeviceIndex index_of(c10::optional<c10::Device> device) {
   return resolve_index(device.has_value() && device->has_index() ? device->index() : -1);
 }
 
-at::Tensor empty_strided_tpu(c10::IntArrayRef size, c10::IntArrayRef stride,
-                             c10::optional<c10::ScalarType> dtype, c10::optional<c10::Layout> layout,
-                             c10::optional<c10::Device> device, c10::optional<bool> pin_memory) {
+at::Tensor empty_strided_tpu(c10::IntArrayRef size, c10::IntArrayRef stride, c10::optional<c10::ScalarType> dtype,
+                             c10::optional<c10::Layout> layout, c10::optional<c10::Device> device,
+                             c10::optional<bool> pin_memory) {
   check_options(layout, device);
   return empty_tpu(size, stride, dtype.value_or(c10::get_default_dtype_as_scalartype()), index_of(device));
 }
 
 at::Tensor empty_memory_format_tpu(c10::IntArrayRef size, c10::optional<c10::ScalarType> dtype,
                                    c10::optional<c10::Layout> layout, c10::optional<c10::Device> device,
-                                   c10::optional<bool> pin_memory,
-                                   c10::optional<c10::MemoryFormat> memory_format) {
+                                   c10::optional<bool> pin_memory, c10::optional<c10::MemoryFormat> memory_format) {
   check_options(layout, device);
   for (auto s : size) TORCH_CHECK(s >= 0, "empty: negative dimension ", s, " in size ", size);
-  auto t = empty_tpu(size, c10::contiguous_strides(size),
-                     dtype.value_or(c10::get_default_dtype_as_scalartype()), index_of(device));
+  auto t = empty_tpu(size, c10::contiguous_strides(size), dtype.value_or(c10::get_default_dtype_as_scalartype()),
+                     index_of(device));
   auto format = memory_format.value_or(c10::MemoryFormat::Contiguous);
   if (format != c10::MemoryFormat::Contiguous) t.unsafeGetTensorImpl()->empty_tensor_restride(format);
   return t;
@@ -49,8 +48,8 @@ const at::Tensor& resize_tpu_(const at::Tensor& self, c10::IntArrayRef size,
   for (auto s : size) TORCH_CHECK(s >= 0, "resize_: negative dimension ", s, " in size ", size);
   auto* impl = self.unsafeGetTensorImpl();
   if (self.sizes() != size) impl->set_sizes_contiguous(size);
-  size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.itemsize(),
-                                                   self.storage_offset());
+  size_t needed =
+      at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.itemsize(), self.storage_offset());
   if (needed > self.storage().nbytes()) resize_storage_bytes(self.storage().unsafeGetStorageImpl(), needed);
   if (memory_format.has_value()) {
     TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve, "resize_: unsupported memory format Preserve");
@@ -59,8 +58,8 @@ const at::Tensor& resize_tpu_(const at::Tensor& self, c10::IntArrayRef size,
   return self;
 }
 
-at::Tensor& set_storage_tpu_(at::Tensor& self, c10::Storage source, int64_t storage_offset,
-                             c10::IntArrayRef size, c10::IntArrayRef stride) {
+at::Tensor& set_storage_tpu_(at::Tensor& self, c10::Storage source, int64_t storage_offset, c10::IntArrayRef size,
+                             c10::IntArrayRef stride) {
   at::native::checkSetStorage(self, source, storage_offset, size, stride);
   c10::DimVector strides = stride.data() != nullptr ? c10::DimVector(stride) : c10::contiguous_strides(size);
   size_t needed = at::detail::computeStorageNbytes(size, strides, self.itemsize(), storage_offset);

@@ -11,8 +11,7 @@
 namespace torch_tpu {
 
 inline bool unsupported_on_tpu(c10::ScalarType t) {
-  return t == c10::kDouble || t == c10::kComplexFloat || t == c10::kComplexDouble ||
-         t == c10::kComplexHalf;
+  return t == c10::kDouble || t == c10::kComplexFloat || t == c10::kComplexDouble || t == c10::kComplexHalf;
 }
 
 void note_unsupported(const std::string& op, c10::ScalarType dtype);

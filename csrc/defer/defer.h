@@ -47,35 +47,35 @@ class DeferChecked {
 };
 
 // Flush triggers. All are cheap (one atomic load) when nothing is pending.
-void defer_before_stream_use(c10::DeviceIndex device);  // no-op inside DeferChecked
-void defer_flush_device(c10::DeviceIndex device);        // synchronization, host reads
+void defer_before_stream_use(c10::DeviceIndex device);      // no-op inside DeferChecked
+void defer_flush_device(c10::DeviceIndex device);           // synchronization, host reads
 void defer_flush_storage(const c10::StorageImpl* storage);  // only if a region touches it
-void defer_flush_all();  // leaving the mode, torch_tpu.debug.flush()
+void defer_flush_all();                                     // leaving the mode, torch_tpu.debug.flush()
 
 // Counters behind torch_tpu.debug.region_stats().
 struct DeferStats {
-  uint64_t ops_recorded = 0;      // ATen ops recorded into regions
-  uint64_t ops_fused = 0;         // recorded ops in regions that were flushed
-  uint64_t regions_flushed = 0;   // regions that reached a flush
-  uint64_t regions_run = 0;       // of those, regions with live outputs (compiled or cached, queued)
-  uint64_t regions_compiled = 0;  // compile-cache misses
-  uint64_t cache_hits = 0;        // compile-cache hits
-  uint64_t kernels_launched = 0;  // fused kernels queued
-  uint64_t regions_split = 0;     // regions run in cache-sized row chunks (over the host threads)
-  uint64_t single_op_regions = 0; // regions of one op, run with ATen's kernel
+  uint64_t ops_recorded = 0;          // ATen ops recorded into regions
+  uint64_t ops_fused = 0;             // recorded ops in regions that were flushed
+  uint64_t regions_flushed = 0;       // regions that reached a flush
+  uint64_t regions_run = 0;           // of those, regions with live outputs (compiled or cached, queued)
+  uint64_t regions_compiled = 0;      // compile-cache misses
+  uint64_t cache_hits = 0;            // compile-cache hits
+  uint64_t kernels_launched = 0;      // fused kernels queued
+  uint64_t regions_split = 0;         // regions run in cache-sized row chunks (over the host threads)
+  uint64_t single_op_regions = 0;     // regions of one op, run with ATen's kernel
   uint64_t outputs_materialized = 0;  // region results given HBM
   uint64_t outputs_dead = 0;          // region results nobody held at the flush
   uint64_t hbm_bytes_avoided = 0;     // physical bytes of results never allocated
   uint64_t hbm_bytes_allocated = 0;   // physical bytes of results allocated at flushes
-  uint64_t fallbacks = 0;         // fusible-looking ops run strictly (dtype, layout, view, ...)
+  uint64_t fallbacks = 0;             // fusible-looking ops run strictly (dtype, layout, view, ...)
   // Why regions were flushed.
-  uint64_t flush_conflict = 0;    // a strictly run op read or wrote region memory
-  uint64_t flush_sync = 0;        // synchronization, host read, storage resize
-  uint64_t flush_stream = 0;      // stream/event use, collective
-  uint64_t flush_size_cap = 0;    // TORCH_TPU_DEFER_MAX_OPS reached
-  uint64_t flush_view = 0;        // a view of a pending result that the IR cannot express
-  uint64_t flush_repeat = 0;      // a repeating op sequence reached an earlier size-cap flush point
-  uint64_t flush_other = 0;       // mode change, explicit flush, stream switch
+  uint64_t flush_conflict = 0;  // a strictly run op read or wrote region memory
+  uint64_t flush_sync = 0;      // synchronization, host read, storage resize
+  uint64_t flush_stream = 0;    // stream/event use, collective
+  uint64_t flush_size_cap = 0;  // TORCH_TPU_DEFER_MAX_OPS reached
+  uint64_t flush_view = 0;      // a view of a pending result that the IR cannot express
+  uint64_t flush_repeat = 0;    // a repeating op sequence reached an earlier size-cap flush point
+  uint64_t flush_other = 0;     // mode change, explicit flush, stream switch
 };
 DeferStats defer_stats();
 void defer_reset_stats();

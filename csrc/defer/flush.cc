@@ -26,9 +26,9 @@
 namespace torch_tpu {
 namespace defer {
 
-std::atomic<int> g_open_regions{0};    // chips with a pending region
+std::atomic<int> g_open_regions{0};  // chips with a pending region
 std::atomic<int64_t> g_pending_ops{0};
-std::atomic<int> g_rng_regions{0};     // pending regions that draw random numbers
+std::atomic<int> g_rng_regions{0};  // pending regions that draw random numbers
 thread_local int tls_in_flush = 0;
 
 std::mutex g_stats_mu;
@@ -46,7 +46,7 @@ ChipState* find_state(c10::DeviceIndex d) {
 
 namespace {
 
-thread_local int tls_checked = 0;      // DeferChecked scopes alive on this thread
+thread_local int tls_checked = 0;  // DeferChecked scopes alive on this thread
 
 const std::string& dump_dir() {
   static const std::string dir = [] {
@@ -61,7 +61,7 @@ const std::string& dump_dir() {
 // What a failing region says: the recorded op (and its source line) that an
 // IR error points at.
 struct ErrorContext {
-  ir::Graph graph;               // as recorded
+  ir::Graph graph;  // as recorded
   std::vector<int32_t> value_op;
   std::vector<OpRecord> ops;
 
@@ -79,8 +79,8 @@ struct ErrorContext {
     if (!what.empty() && what[0] == '[') {
       std::string name = what.substr(1, what.find(']') - 1);
       for (int64_t v = 0; v < graph.num_ops(); ++v) {
-        if (name == ir::op_name(graph.op(static_cast<ValueId>(v)).kind) &&
-            static_cast<size_t>(v) < value_op.size() && value_op[v] >= 0) {
+        if (name == ir::op_name(graph.op(static_cast<ValueId>(v)).kind) && static_cast<size_t>(v) < value_op.size() &&
+            value_op[v] >= 0) {
           return value_op[v];
         }
       }
@@ -113,8 +113,8 @@ struct RunState {
   std::vector<uint64_t> scalars;  // memory of scalar parameters, one slot each
   std::vector<ir::TensorType> param_types;
   struct Out {
-    c10::Storage storage;      // a produced result (written in place by the kernels)
-    c10::DataPtr temp;         // or: a temporary copied into `target` afterwards
+    c10::Storage storage;  // a produced result (written in place by the kernels)
+    c10::DataPtr temp;     // or: a temporary copied into `target` afterwards
     TensorRecipe target;
     std::unique_ptr<char[]> scratch;  // or: a per-row statistic realized once (see row_statistics)
     ir::TensorType type;
@@ -131,8 +131,10 @@ void draw_masks(const std::vector<Param>& params, std::vector<std::unique_ptr<ui
     if (!params[k].rng) continue;
     const int64_t n = ir::numel(params[k].rng->shape);
     masks[k].reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
-    if (params[k].rng->draw) draw_bernoulli_mask(params[k].rng->gen, params[k].rng->p, masks[k].get(), n);
-    else std::memset(masks[k].get(), 0, static_cast<size_t>(n));
+    if (params[k].rng->draw)
+      draw_bernoulli_mask(params[k].rng->gen, params[k].rng->p, masks[k].get(), n);
+    else
+      std::memset(masks[k].get(), 0, static_cast<size_t>(n));
   }
 }
 
@@ -205,8 +207,8 @@ void dump_region(const ir::Graph& recorded, const Launch& l, const ErrorContext&
   char name[64];
   std::snprintf(name, sizeof(name), "region_%04d_%016llx", counter++, static_cast<unsigned long long>(h));
   std::ofstream f(std::filesystem::path(dump_dir()) / (std::string(name) + ".mlir"));
-  f << "// defer_and_fuse region " << name << ": " << ctx.ops.size() << " recorded ATen ops, "
-    << c.num_kernels() << " fused kernels";
+  f << "// defer_and_fuse region " << name << ": " << ctx.ops.size() << " recorded ATen ops, " << c.num_kernels()
+    << " fused kernels";
   if (l.split()) f << ", run in " << l.chunks << " chunks of " << l.rows << " of " << l.n << " rows";
   f << "\n";
   for (const auto& r : ctx.ops) f << "//   " << ErrorContext::op_text(r) << "\n";
@@ -217,13 +219,27 @@ void dump_region(const ir::Graph& recorded, const Launch& l, const ErrorContext&
 
 void count_reason(DeferStats& s, Reason why) {
   switch (why) {
-    case Reason::kConflict: ++s.flush_conflict; break;
-    case Reason::kSync: ++s.flush_sync; break;
-    case Reason::kStream: ++s.flush_stream; break;
-    case Reason::kSizeCap: ++s.flush_size_cap; break;
-    case Reason::kView: ++s.flush_view; break;
-    case Reason::kRepeat: ++s.flush_repeat; break;
-    case Reason::kOther: ++s.flush_other; break;
+    case Reason::kConflict:
+      ++s.flush_conflict;
+      break;
+    case Reason::kSync:
+      ++s.flush_sync;
+      break;
+    case Reason::kStream:
+      ++s.flush_stream;
+      break;
+    case Reason::kSizeCap:
+      ++s.flush_size_cap;
+      break;
+    case Reason::kView:
+      ++s.flush_view;
+      break;
+    case Reason::kRepeat:
+      ++s.flush_repeat;
+      break;
+    case Reason::kOther:
+      ++s.flush_other;
+      break;
   }
 }
 
@@ -231,15 +247,43 @@ void count_reason(DeferStats& s, Reason why) {
 void store_scalar(const ir::Scalar& v, ir::ElementType t, uint64_t* slot) {
   using ir::ElementType;
   switch (t) {
-    case ElementType::f32: { float f = static_cast<float>(v.f); std::memcpy(slot, &f, 4); break; }
-    case ElementType::f64: std::memcpy(slot, &v.f, 8); break;
-    case ElementType::bf16: { uint16_t h = ir::f32_to_bf16(static_cast<float>(v.f)); std::memcpy(slot, &h, 2); break; }
-    case ElementType::f16: { uint16_t h = ir::f32_to_f16(static_cast<float>(v.f)); std::memcpy(slot, &h, 2); break; }
-    case ElementType::s64: std::memcpy(slot, &v.i, 8); break;
-    case ElementType::s32: { int32_t x = static_cast<int32_t>(v.i); std::memcpy(slot, &x, 4); break; }
-    case ElementType::s8: { int8_t x = static_cast<int8_t>(v.i); std::memcpy(slot, &x, 1); break; }
+    case ElementType::f32: {
+      float f = static_cast<float>(v.f);
+      std::memcpy(slot, &f, 4);
+      break;
+    }
+    case ElementType::f64:
+      std::memcpy(slot, &v.f, 8);
+      break;
+    case ElementType::bf16: {
+      uint16_t h = ir::f32_to_bf16(static_cast<float>(v.f));
+      std::memcpy(slot, &h, 2);
+      break;
+    }
+    case ElementType::f16: {
+      uint16_t h = ir::f32_to_f16(static_cast<float>(v.f));
+      std::memcpy(slot, &h, 2);
+      break;
+    }
+    case ElementType::s64:
+      std::memcpy(slot, &v.i, 8);
+      break;
+    case ElementType::s32: {
+      int32_t x = static_cast<int32_t>(v.i);
+      std::memcpy(slot, &x, 4);
+      break;
+    }
+    case ElementType::s8: {
+      int8_t x = static_cast<int8_t>(v.i);
+      std::memcpy(slot, &x, 1);
+      break;
+    }
     case ElementType::u8:
-    case ElementType::pred: { uint8_t x = static_cast<uint8_t>(v.i); std::memcpy(slot, &x, 1); break; }
+    case ElementType::pred: {
+      uint8_t x = static_cast<uint8_t>(v.i);
+      std::memcpy(slot, &x, 1);
+      break;
+    }
   }
 }
 
@@ -323,9 +367,9 @@ void flush_locked(ChipState& cs, Reason why) {
       Entry& e = *outs[0];
       e.storage.set_data_ptr_noswap(std::move(data[0]));
       torch::jit::Stack stack(r->replay->args.begin(), r->replay->args.end());
-      at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
-          c10::Storage(e.storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-          c10::scalarTypeToTypeMeta(e.layout.dtype));
+      at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(e.storage),
+                                                                c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                                c10::scalarTypeToTypeMeta(e.layout.dtype));
       out.unsafeGetTensorImpl()->set_sizes_and_strides(e.layout.sizes, e.layout.strides, e.layout.offset);
       stack.push_back(std::move(out));
       {
@@ -452,7 +496,6 @@ void for_each_tensor(const c10::IValue& v, F&& f) {
     }
   }
 }
-
 
 // Whether a strictly run op may draw from a generator: it must not run
 // ahead of a pending region's draws (they would swap numbers with it).

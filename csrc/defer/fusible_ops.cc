@@ -8,9 +8,9 @@
 // through the same fallback (which uses the out= overload on the chip).
 #include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/bernoulli.h>
+#include <ATen/ops/clone_native.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/ones_like.h>
-#include <ATen/ops/clone_native.h>
 #include <torch/library.h>
 
 #include "aten/fallback_internal.h"

@@ -8,6 +8,8 @@
 // differs: transcendentals (exec/vmath.h polynomials, within a few ulp),
 // add/sub with alpha != 1 (ATen uses an FMA) and reductions (a different
 // summation order).
+#include "defer/lower.h"
+
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/ScalarType.h>
 #include <c10/core/WrapDimMinimal.h>
@@ -15,7 +17,6 @@
 #include <cmath>
 #include <unordered_map>
 
-#include "defer/lower.h"
 #include "runtime/generator.h"
 
 namespace torch_tpu::defer {
@@ -27,30 +28,49 @@ using ir::ReduceKind;
 
 std::optional<ElementType> ir_type(c10::ScalarType t) {
   switch (t) {
-    case c10::kFloat: return ElementType::f32;
-    case c10::kBFloat16: return ElementType::bf16;
-    case c10::kHalf: return ElementType::f16;
-    case c10::kDouble: return ElementType::f64;
-    case c10::kLong: return ElementType::s64;
-    case c10::kInt: return ElementType::s32;
-    case c10::kChar: return ElementType::s8;
-    case c10::kByte: return ElementType::u8;
-    case c10::kBool: return ElementType::pred;
-    default: return std::nullopt;
+    case c10::kFloat:
+      return ElementType::f32;
+    case c10::kBFloat16:
+      return ElementType::bf16;
+    case c10::kHalf:
+      return ElementType::f16;
+    case c10::kDouble:
+      return ElementType::f64;
+    case c10::kLong:
+      return ElementType::s64;
+    case c10::kInt:
+      return ElementType::s32;
+    case c10::kChar:
+      return ElementType::s8;
+    case c10::kByte:
+      return ElementType::u8;
+    case c10::kBool:
+      return ElementType::pred;
+    default:
+      return std::nullopt;
   }
 }
 
 c10::ScalarType scalar_type_of(ElementType t) {
   switch (t) {
-    case ElementType::f32: return c10::kFloat;
-    case ElementType::bf16: return c10::kBFloat16;
-    case ElementType::f16: return c10::kHalf;
-    case ElementType::f64: return c10::kDouble;
-    case ElementType::s64: return c10::kLong;
-    case ElementType::s32: return c10::kInt;
-    case ElementType::s8: return c10::kChar;
-    case ElementType::u8: return c10::kByte;
-    case ElementType::pred: return c10::kBool;
+    case ElementType::f32:
+      return c10::kFloat;
+    case ElementType::bf16:
+      return c10::kBFloat16;
+    case ElementType::f16:
+      return c10::kHalf;
+    case ElementType::f64:
+      return c10::kDouble;
+    case ElementType::s64:
+      return c10::kLong;
+    case ElementType::s32:
+      return c10::kInt;
+    case ElementType::s8:
+      return c10::kChar;
+    case ElementType::u8:
+      return c10::kByte;
+    case ElementType::pred:
+      return c10::kBool;
   }
   return c10::kFloat;
 }
@@ -108,10 +128,11 @@ ValueId Lowering::cst(double v, ElementType t, ir::Shape shape) {
 
 ValueId Lowering::user_scalar(size_t arg, double v, ElementType t, ir::Shape shape) {
   ir::Scalar s;
-  if (is_float(t)) s.f = ir::round_to_type(v, t);
-  else s.i = ir::is_pred(t) ? (v != 0) : ir::wrap_to_type(static_cast<int64_t>(v), t);
-  ValueId c = sink_ ? sink_->scalar(b, arg, s, t)
-                    : (is_float(t) ? b.constant(s.f, t) : b.constant_int(s.i, t));
+  if (is_float(t))
+    s.f = ir::round_to_type(v, t);
+  else
+    s.i = ir::is_pred(t) ? (v != 0) : ir::wrap_to_type(static_cast<int64_t>(v), t);
+  ValueId c = sink_ ? sink_->scalar(b, arg, s, t) : (is_float(t) ? b.constant(s.f, t) : b.constant_int(s.i, t));
   return shape.empty() ? c : b.broadcast_in_dim(c, shape, {});
 }
 
@@ -244,17 +265,22 @@ void pow_tensor_scalar(Lowering& L) {
     // bf16 runs them in bf16 arithmetic (x * x rounded before the next step)
     // and rounds a general exponent to bf16 first.
     const ElementType cti = ir_or_throw(ct);
-    auto rounded = [&](ValueId v) {
-      return cti == ElementType::bf16 ? L.b.convert(L.b.convert(v, cti), o.mt) : v;
-    };
+    auto rounded = [&](ValueId v) { return cti == ElementType::bf16 ? L.b.convert(L.b.convert(v, cti), o.mt) : v; };
     double v = e.toDouble();
-    if (v == 2.0) r = o.mul(x, x);
-    else if (v == 3.0) r = o.mul(rounded(o.mul(x, x)), x);
-    else if (v == 0.5) r = L.b.sqrt(x);
-    else if (v == -0.5) r = L.b.rsqrt(x);
-    else if (v == -1.0) r = o.div(o.c(1.0), x);
-    else if (v == -2.0) r = o.div(o.c(1.0), rounded(o.mul(x, x)));
-    else r = L.b.power(x, L.user_scalar(1, cti == ElementType::f64 ? v : ir::round_to_type(v, cti), o.mt, shape));
+    if (v == 2.0)
+      r = o.mul(x, x);
+    else if (v == 3.0)
+      r = o.mul(rounded(o.mul(x, x)), x);
+    else if (v == 0.5)
+      r = L.b.sqrt(x);
+    else if (v == -0.5)
+      r = L.b.rsqrt(x);
+    else if (v == -1.0)
+      r = o.div(o.c(1.0), x);
+    else if (v == -2.0)
+      r = o.div(o.c(1.0), rounded(o.mul(x, x)));
+    else
+      r = L.b.power(x, L.user_scalar(1, cti == ElementType::f64 ? v : ir::round_to_type(v, cti), o.mt, shape));
   } else {
     require(!e.isFloatingPoint() && e.toLong() >= 0);
     r = L.b.power(x, L.user_scalar(1, static_cast<double>(e.toLong()), o.mt, shape));
@@ -405,10 +431,10 @@ std::string approximate_of(Lowering& L, size_t i) {
 }
 
 // GeluKernel.cpp, vectorized float paths.
-constexpr double kSqrt1_2 = 0.70710678118654752440;      // M_SQRT1_2
-constexpr double k2_SqrtPi = 1.12837916709551257390;     // M_2_SQRTPI
-constexpr double kSqrt2 = 1.41421356237309504880;        // M_SQRT2
-constexpr double kGeluBeta = kSqrt2 * k2_SqrtPi * 0.5;   // sqrt(2/pi)
+constexpr double kSqrt1_2 = 0.70710678118654752440;     // M_SQRT1_2
+constexpr double k2_SqrtPi = 1.12837916709551257390;    // M_2_SQRTPI
+constexpr double kSqrt2 = 1.41421356237309504880;       // M_SQRT2
+constexpr double kGeluBeta = kSqrt2 * k2_SqrtPi * 0.5;  // sqrt(2/pi)
 constexpr double kGeluKappa = 0.044715;
 
 void gelu(Lowering& L) {
@@ -675,8 +701,10 @@ void bernoulli(Lowering& L) {
   const double p = L.ivalue(1).toDouble();
   require(p >= 0.0 && p <= 1.0);  // ATen raises for others
   at::Generator gen;
-  if (!L.is_none(2)) gen = L.ivalue(2).toGenerator();
-  else if (L.is_tensor(0)) gen = default_generator(L.arg(0).tensor.device().index());
+  if (!L.is_none(2))
+    gen = L.ivalue(2).toGenerator();
+  else if (L.is_tensor(0))
+    gen = default_generator(L.arg(0).tensor.device().index());
   if (!gen.defined() || gen.device().type() != c10::DeviceType::PrivateUse1) throw NotFusible{};  // strict raises
   ValueId m = L.bernoulli_mask(L.out().shape, p, gen);
   L.results = {L.finish(L.b.convert(m, ir_or_throw(L.out_dtype())))};
@@ -714,15 +742,22 @@ Table build_table() {
   for (const char* ov : {".Tensor", ".Scalar"}) {
     add_op(t, std::string("aten::add") + ov, [](Lowering& L) { add_sub(L, OpKind::kAdd, false); });
     add_op(t, std::string("aten::sub") + ov, [](Lowering& L) { add_sub(L, OpKind::kSubtract, false); });
-    add_op(t, std::string("aten::rsub") + ov, [](Lowering& L) { add_sub(L, OpKind::kSubtract, true); }, false);
+    add_op(
+        t, std::string("aten::rsub") + ov, [](Lowering& L) { add_sub(L, OpKind::kSubtract, true); }, false);
     add_op(t, std::string("aten::mul") + ov, [](Lowering& L) { mul_div(L, OpKind::kMultiply); });
     add_op(t, std::string("aten::div") + ov, [](Lowering& L) { mul_div(L, OpKind::kDivide); });
-    add_op(t, std::string("aten::eq") + ov, [](Lowering& L) { compare(L, CompareDirection::EQ); }, false);
-    add_op(t, std::string("aten::ne") + ov, [](Lowering& L) { compare(L, CompareDirection::NE); }, false);
-    add_op(t, std::string("aten::lt") + ov, [](Lowering& L) { compare(L, CompareDirection::LT); }, false);
-    add_op(t, std::string("aten::le") + ov, [](Lowering& L) { compare(L, CompareDirection::LE); }, false);
-    add_op(t, std::string("aten::gt") + ov, [](Lowering& L) { compare(L, CompareDirection::GT); }, false);
-    add_op(t, std::string("aten::ge") + ov, [](Lowering& L) { compare(L, CompareDirection::GE); }, false);
+    add_op(
+        t, std::string("aten::eq") + ov, [](Lowering& L) { compare(L, CompareDirection::EQ); }, false);
+    add_op(
+        t, std::string("aten::ne") + ov, [](Lowering& L) { compare(L, CompareDirection::NE); }, false);
+    add_op(
+        t, std::string("aten::lt") + ov, [](Lowering& L) { compare(L, CompareDirection::LT); }, false);
+    add_op(
+        t, std::string("aten::le") + ov, [](Lowering& L) { compare(L, CompareDirection::LE); }, false);
+    add_op(
+        t, std::string("aten::gt") + ov, [](Lowering& L) { compare(L, CompareDirection::GT); }, false);
+    add_op(
+        t, std::string("aten::ge") + ov, [](Lowering& L) { compare(L, CompareDirection::GE); }, false);
     add_op(t, std::string("aten::bitwise_and") + ov, [](Lowering& L) { bitwise(L, OpKind::kAnd); });
     add_op(t, std::string("aten::bitwise_or") + ov, [](Lowering& L) { bitwise(L, OpKind::kOr); });
   }
@@ -733,15 +768,20 @@ Table build_table() {
     t[name] = [](Lowering& L) { add_sub(L, OpKind::kSubtract, false, false); };
   t["aten::mul_.Scalar"] = [](Lowering& L) { mul_div(L, OpKind::kMultiply, false); };
   add_op(t, "aten::true_divide.Tensor", [](Lowering& L) { mul_div(L, OpKind::kDivide); });
-  add_op(t, "aten::maximum", [](Lowering& L) { max_min(L, OpKind::kMaximum); }, false);
-  add_op(t, "aten::minimum", [](Lowering& L) { max_min(L, OpKind::kMinimum); }, false);
+  add_op(
+      t, "aten::maximum", [](Lowering& L) { max_min(L, OpKind::kMaximum); }, false);
+  add_op(
+      t, "aten::minimum", [](Lowering& L) { max_min(L, OpKind::kMinimum); }, false);
   add_op(t, "aten::pow.Tensor_Scalar", pow_tensor_scalar);
   add_op(t, "aten::pow.Tensor_Tensor", pow_tensor_tensor);
   add_op(t, "aten::pow_.Scalar", pow_tensor_scalar, false);
   add_op(t, "aten::pow_.Tensor", pow_tensor_tensor, false);
-  add_op(t, "aten::logical_and", [](Lowering& L) { logical(L, OpKind::kAnd); }, false);
-  add_op(t, "aten::logical_or", [](Lowering& L) { logical(L, OpKind::kOr); }, false);
-  add_op(t, "aten::logical_xor", [](Lowering& L) { logical(L, OpKind::kCompare); }, false);
+  add_op(
+      t, "aten::logical_and", [](Lowering& L) { logical(L, OpKind::kAnd); }, false);
+  add_op(
+      t, "aten::logical_or", [](Lowering& L) { logical(L, OpKind::kOr); }, false);
+  add_op(
+      t, "aten::logical_xor", [](Lowering& L) { logical(L, OpKind::kCompare); }, false);
   // Unary.
   add_op(t, "aten::exp", [](Lowering& L) { unary_float(L, OpKind::kExponential); });
   add_op(t, "aten::log", [](Lowering& L) { unary_float(L, OpKind::kLog); });
@@ -776,9 +816,11 @@ Table build_table() {
   add_op(t, "aten::hardtanh", [](Lowering& L) { clamp(L, true, true, 1, 2); });
   add_op(t, "aten::relu", relu);
   add_op(t, "aten::threshold", [](Lowering& L) { threshold(L, false); });
-  add_op(t, "aten::threshold_backward", [](Lowering& L) { threshold(L, true); }, false);
+  add_op(
+      t, "aten::threshold_backward", [](Lowering& L) { threshold(L, true); }, false);
   add_op(t, "aten::leaky_relu", [](Lowering& L) { leaky_relu(L, false); });
-  add_op(t, "aten::leaky_relu_backward", [](Lowering& L) { leaky_relu(L, true); }, false);
+  add_op(
+      t, "aten::leaky_relu_backward", [](Lowering& L) { leaky_relu(L, true); }, false);
   add_op(t, "aten::gelu", gelu);
   add_op(t, "aten::gelu_backward", gelu_backward, false);
   add_op(t, "aten::silu", silu);
@@ -790,19 +832,32 @@ Table build_table() {
   add_op(t, "aten::_to_copy", to_copy, false);
   add_op(t, "aten::clone", clone, false);
   // Reductions.
-  add_op(t, "aten::sum", [](Lowering& L) { reduce(L, ReduceKind::kSum, false, SIZE_MAX); }, false);
-  add_op(t, "aten::sum.dim_IntList", [](Lowering& L) { reduce(L, ReduceKind::kSum, false, 1); }, false);
-  add_op(t, "aten::mean", [](Lowering& L) { reduce(L, ReduceKind::kSum, true, SIZE_MAX); }, false);
-  add_op(t, "aten::mean.dim", [](Lowering& L) { reduce(L, ReduceKind::kSum, true, 1); }, false);
-  add_op(t, "aten::amax", [](Lowering& L) { reduce(L, ReduceKind::kMax, false, 1); }, false);
-  add_op(t, "aten::amin", [](Lowering& L) { reduce(L, ReduceKind::kMin, false, 1); }, false);
-  add_op(t, "aten::max", [](Lowering& L) { reduce(L, ReduceKind::kMax, false, SIZE_MAX); }, false);
-  add_op(t, "aten::min", [](Lowering& L) { reduce(L, ReduceKind::kMin, false, SIZE_MAX); }, false);
-  add_op(t, "aten::prod", [](Lowering& L) { reduce(L, ReduceKind::kProd, false, SIZE_MAX); }, false);
-  add_op(t, "aten::_softmax", [](Lowering& L) { softmax(L, false); }, false);
-  add_op(t, "aten::_log_softmax", [](Lowering& L) { softmax(L, true); }, false);
-  add_op(t, "aten::_softmax_backward_data", [](Lowering& L) { softmax_backward(L, false); }, false);
-  add_op(t, "aten::_log_softmax_backward_data", [](Lowering& L) { softmax_backward(L, true); }, false);
+  add_op(
+      t, "aten::sum", [](Lowering& L) { reduce(L, ReduceKind::kSum, false, SIZE_MAX); }, false);
+  add_op(
+      t, "aten::sum.dim_IntList", [](Lowering& L) { reduce(L, ReduceKind::kSum, false, 1); }, false);
+  add_op(
+      t, "aten::mean", [](Lowering& L) { reduce(L, ReduceKind::kSum, true, SIZE_MAX); }, false);
+  add_op(
+      t, "aten::mean.dim", [](Lowering& L) { reduce(L, ReduceKind::kSum, true, 1); }, false);
+  add_op(
+      t, "aten::amax", [](Lowering& L) { reduce(L, ReduceKind::kMax, false, 1); }, false);
+  add_op(
+      t, "aten::amin", [](Lowering& L) { reduce(L, ReduceKind::kMin, false, 1); }, false);
+  add_op(
+      t, "aten::max", [](Lowering& L) { reduce(L, ReduceKind::kMax, false, SIZE_MAX); }, false);
+  add_op(
+      t, "aten::min", [](Lowering& L) { reduce(L, ReduceKind::kMin, false, SIZE_MAX); }, false);
+  add_op(
+      t, "aten::prod", [](Lowering& L) { reduce(L, ReduceKind::kProd, false, SIZE_MAX); }, false);
+  add_op(
+      t, "aten::_softmax", [](Lowering& L) { softmax(L, false); }, false);
+  add_op(
+      t, "aten::_log_softmax", [](Lowering& L) { softmax(L, true); }, false);
+  add_op(
+      t, "aten::_softmax_backward_data", [](Lowering& L) { softmax_backward(L, false); }, false);
+  add_op(
+      t, "aten::_log_softmax_backward_data", [](Lowering& L) { softmax_backward(L, true); }, false);
   // Random.
   add_op(t, "aten::bernoulli.p", bernoulli, false);
   add_op(t, "aten::bernoulli_.float", bernoulli, false);

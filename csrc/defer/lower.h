@@ -28,9 +28,9 @@ ir::ElementType opmath_of(ir::ElementType t);
 // One argument of the op being lowered.
 struct Operand {
   enum class Kind { kOther, kTensor, kScalar } kind = Kind::kOther;
-  ValueId value = -1;   // kTensor: IR value with the tensor's dtype and shape
-  at::Tensor tensor;    // kTensor: the tpu tensor; kScalar: the host 0-dim tensor, if it was one
-  c10::Scalar scalar;   // kScalar: a Scalar argument, a wrapped number or a host 0-dim tensor's value
+  ValueId value = -1;                   // kTensor: IR value with the tensor's dtype and shape
+  at::Tensor tensor;                    // kTensor: the tpu tensor; kScalar: the host 0-dim tensor, if it was one
+  c10::Scalar scalar;                   // kScalar: a Scalar argument, a wrapped number or a host 0-dim tensor's value
   const c10::IValue* ivalue = nullptr;  // the argument itself
 };
 

@@ -172,7 +172,9 @@ std::vector<at::Tensor> ProgramRegion::run(const std::vector<at::Tensor>& inputs
   outputs.reserve(num_outputs_);
   for (size_t j = 0; j < num_outputs_; ++j) {
     const ir::TensorType& t = launch_.output_types[j];
-    auto opts = at::TensorOptions().dtype(defer::scalar_type_of(t.dtype)).device(c10::Device(c10::DeviceType::PrivateUse1, device));
+    auto opts = at::TensorOptions()
+                    .dtype(defer::scalar_type_of(t.dtype))
+                    .device(c10::Device(c10::DeviceType::PrivateUse1, device));
     if (j < strides.size() && !strides[j].empty()) {
       outputs.push_back(at::empty_strided(t.shape, strides[j], opts));
     } else {

@@ -81,8 +81,8 @@ class ProgramRegion {
   // order); returns its outputs, new contiguous tensors on the device.
   // strides: per output, the strides eager PyTorch gives it (FX metadata), or
   // empty for row-major; views taken later (permute, then view) rely on them.
-  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, c10::DeviceIndex device,
-                              const std::string& name, const std::vector<std::vector<int64_t>>& strides);
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, c10::DeviceIndex device, const std::string& name,
+                              const std::vector<std::vector<int64_t>>& strides);
 
   int64_t num_kernels() const { return launch_.region ? launch_.region->num_kernels() : 0; }
   int64_t num_ops() const { return built_ ? graph_.num_ops() : builder_.graph().num_ops(); }

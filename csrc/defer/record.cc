@@ -2,7 +2,6 @@
 // (defer_record, see defer.h and region.h).
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
-
 #include <sys/mman.h>
 
 #include "aten/meta_cache.h"
@@ -54,8 +53,8 @@ at::Tensor pending_tensor(const ir::Shape& sizes, c10::ScalarType dtype, c10::De
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes,
                        c10::DataPtr(pending_address(), c10::Device(c10::DeviceType::PrivateUse1, device)),
                        &tpu_allocator(), /*resizable=*/true);
-  auto t = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
+                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
   t.unsafeGetTensorImpl()->set_sizes_contiguous(c10::IntArrayRef(sizes));
   return t;
 }
@@ -104,11 +103,13 @@ bool needs_flush(Region& r, const at::Tensor& t, bool written) {
   const Entry& e = it->second;
   const Layout lay = Layout::of(t);
   switch (e.kind) {
-    case Entry::Kind::kRead: return false;
+    case Entry::Kind::kRead:
+      return false;
     case Entry::Kind::kPending:
       if (lay == e.layout) return false;
       return written || !view_value(r, e, lay, false).has_value();
-    case Entry::Kind::kWritten: return !(lay == e.layout);
+    case Entry::Kind::kWritten:
+      return !(lay == e.layout);
   }
   return true;
 }

@@ -32,10 +32,10 @@
 
 namespace torch_tpu::defer {
 
-extern std::atomic<int> g_open_regions;      // chips with a pending region
+extern std::atomic<int> g_open_regions;  // chips with a pending region
 extern std::atomic<int64_t> g_pending_ops;
-extern std::atomic<int> g_rng_regions;       // pending regions that draw random numbers
-extern thread_local int tls_in_flush;        // flushes running on this thread
+extern std::atomic<int> g_rng_regions;  // pending regions that draw random numbers
+extern thread_local int tls_in_flush;   // flushes running on this thread
 
 extern std::mutex g_stats_mu;
 extern DeferStats g_stats;
@@ -76,9 +76,9 @@ struct OpRecord {
 struct Entry {
   enum class Kind { kRead, kPending, kWritten } kind = Kind::kRead;
   c10::Storage storage;
-  Layout layout;          // kPending: the result's; kWritten: the written tensor's
-  ValueId value = -1;     // kPending / kWritten: the current value
-  int32_t op = -1;        // the recorded op that produced `value`
+  Layout layout;                                  // kPending: the result's; kWritten: the written tensor's
+  ValueId value = -1;                             // kPending / kWritten: the current value
+  int32_t op = -1;                                // the recorded op that produced `value`
   std::vector<std::pair<Layout, ValueId>> reads;  // parameters over this storage
 };
 
@@ -117,8 +117,8 @@ struct Region {
   std::vector<Param> params;                     // parameter k is params[k]
   std::vector<int32_t> value_op;                 // per value: index in ops, or -1
   std::vector<OpRecord> ops;
-  std::optional<Replay> replay;                  // while ops holds one op
-  int rng_params = 0;                            // masks drawn when it runs (g_rng_regions)
+  std::optional<Replay> replay;  // while ops holds one op
+  int rng_params = 0;            // masks drawn when it runs (g_rng_regions)
 };
 
 // Detects a repeating op sequence (a training loop) so that regions end at

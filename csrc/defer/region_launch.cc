@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -92,10 +92,9 @@ std::vector<int> split_dims(const ir::Graph& g, int64_t n) {
 }
 
 // TORCH_TPU_DEFER_CHUNK_ELEMENTS: elements per result row chunk of a split
-// region (262144: 1 MiB of f32 a tensor; smaller chunks measured no faster here). Chunks run one after another on each thread, so the
-// intermediates a chunk realizes (x + r read by the three kernels of a layer
-// norm) stay in the core's cache instead of streaming through memory, as a
-// TPU keeps them in VMEM.
+// region (262144: 1 MiB of f32 a tensor; smaller chunks measured no faster here). Chunks run one after another on each
+// thread, so the intermediates a chunk realizes (x + r read by the three kernels of a layer norm) stay in the core's
+// cache instead of streaming through memory, as a TPU keeps them in VMEM.
 int64_t chunk_elements() {
   static const int64_t n = vtpu::env_positive_int("TORCH_TPU_DEFER_CHUNK_ELEMENTS", int64_t{1} << 18);
   return n;
@@ -246,7 +245,6 @@ std::vector<ValueId> row_statistics(const ir::Graph& g) {
   return extra;
 }
 
-
 namespace {
 
 struct QueuedRegion {
@@ -300,14 +298,14 @@ void enqueue_region(const RegionLaunch& l, c10::DeviceIndex device, const std::v
   TORCH_CHECK(l.region, name, ": region not compiled");
   if (any_undefined() && !dry_run())
     for (const auto& t : inputs) check_defined(t, name);
-  TORCH_CHECK(inputs.size() == l.input_types.size(), name, ": expected ", l.input_types.size(),
-              " inputs, got ", inputs.size());
+  TORCH_CHECK(inputs.size() == l.input_types.size(), name, ": expected ", l.input_types.size(), " inputs, got ",
+              inputs.size());
   TORCH_CHECK(outputs.size() <= l.output_types.size(), name, ": expected at most ", l.output_types.size(),
               " outputs, got ", outputs.size());
   auto check = [&](const at::Tensor& t, const ir::TensorType& want, const char* what, size_t k, bool out) {
     const bool host_scalar = !out && t.defined() && t.device().is_cpu() && t.dim() == 0;
-    TORCH_CHECK(host_scalar || (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 &&
-                                t.device().index() == device),
+    TORCH_CHECK(host_scalar ||
+                    (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 && t.device().index() == device),
                 name, ": ", what, " ", k, " must be a tensor on tpu:", static_cast<int>(device),
                 out ? "" : " or a 0-dim CPU tensor");
     auto et = defer::ir_type(t.scalar_type());
@@ -376,8 +374,8 @@ void enqueue_copies(c10::DeviceIndex device, const std::vector<at::Tensor>& dsts
     const at::Tensor& s = srcs[i];
     const bool bytes = d.device().type() == c10::DeviceType::PrivateUse1 && d.device().index() == device &&
                        s.device() == d.device() && d.scalar_type() == s.scalar_type() && d.sizes() == s.sizes() &&
-                       d.strides() == s.strides() && d.is_non_overlapping_and_dense() && !d.is_conj() &&
-                       !s.is_conj() && !d.is_neg() && !s.is_neg() && !d.storage().is_alias_of(s.storage());
+                       d.strides() == s.strides() && d.is_non_overlapping_and_dense() && !d.is_conj() && !s.is_conj() &&
+                       !d.is_neg() && !s.is_neg() && !d.storage().is_alias_of(s.storage());
     if (!bytes) {
       queue_batch();  // keeps the order of the copies
       const_cast<at::Tensor&>(d).copy_(s);

@@ -27,7 +27,7 @@ struct RegionLaunch {
   std::shared_ptr<const exec::CompiledRegion> region;  // whole, or a chunk of `rows` rows
   std::shared_ptr<const exec::CompiledRegion> last;    // the last chunk, when shorter
   int64_t n = 0, rows = 0, chunks = 1;
-  std::vector<int> param_dim;  // per parameter: the dimension chunked, or -1 (read whole)
+  std::vector<int> param_dim;                             // per parameter: the dimension chunked, or -1 (read whole)
   std::vector<ir::TensorType> input_types, output_types;  // of the whole region
   bool split() const { return chunks > 1; }
 };

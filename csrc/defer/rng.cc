@@ -87,7 +87,9 @@ RNG_INLINE void draw_words(at::mt19937_data_pod& d, uint32_t* w, int64_t m) {
 
 RNG_CLONES void fast_mask(at::mt19937_data_pod& d, double p, uint8_t* out, int64_t n) {
   constexpr double kTwo53 = 9007199254740992.0;
-  const uint64_t threshold = p >= 1.0 ? (uint64_t{1} << 53) : p <= 0.0 ? 0 : static_cast<uint64_t>(std::ceil(p * kTwo53));
+  const uint64_t threshold = p >= 1.0   ? (uint64_t{1} << 53)
+                             : p <= 0.0 ? 0
+                                        : static_cast<uint64_t>(std::ceil(p * kTwo53));
   constexpr int64_t kChunk = 512;  // elements per batch of words
   uint32_t w[2 * kChunk];
   for (int64_t start = 0; start < n; start += kChunk) {

@@ -39,15 +39,15 @@ void check_tensor(const at::Tensor& t, const char* op, const char* role) {
   TORCH_CHECK(t.defined(), "tpu_dist ", op, ": ", role, " is undefined");
   TORCH_CHECK(t.layout() == at::kStrided, "tpu_dist ", op, ": ", role, " must be a dense (strided) tensor, got ",
               t.layout(), " ", describe_tensor(t));
-  TORCH_CHECK(is_tpu(t.device()) || t.device().is_cpu(), "tpu_dist ", op, ": ", role,
-              " must be on tpu or cpu, got ", describe_tensor(t));
+  TORCH_CHECK(is_tpu(t.device()) || t.device().is_cpu(), "tpu_dist ", op, ": ", role, " must be on tpu or cpu, got ",
+              describe_tensor(t));
 }
 
 void check_same(const at::Tensor& a, const at::Tensor& b, const char* op, const char* what_a, const char* what_b) {
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "tpu_dist ", op, ": ", what_a, " (", describe_tensor(a),
-              ") and ", what_b, " (", describe_tensor(b), ") must have the same dtype");
-  TORCH_CHECK(a.device() == b.device(), "tpu_dist ", op, ": ", what_a, " (", describe_tensor(a), ") and ", what_b,
-              " (", describe_tensor(b), ") must be on the same device");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "tpu_dist ", op, ": ", what_a, " (", describe_tensor(a), ") and ",
+              what_b, " (", describe_tensor(b), ") must have the same dtype");
+  TORCH_CHECK(a.device() == b.device(), "tpu_dist ", op, ": ", what_a, " (", describe_tensor(a), ") and ", what_b, " (",
+              describe_tensor(b), ") must be on the same device");
 }
 
 void check_pair(const at::Tensor& output, const at::Tensor& input, const char* op, const char* what_output,
@@ -65,8 +65,7 @@ void check_redop(int redop, at::ScalarType dtype, const char* op) {
       return;
     case RedOp::MIN:
     case RedOp::MAX:
-      TORCH_CHECK(!at::isComplexType(dtype), "tpu_dist ", op, ": ", redop_name(redop), " is not defined for ",
-                  dtype);
+      TORCH_CHECK(!at::isComplexType(dtype), "tpu_dist ", op, ": ", redop_name(redop), " is not defined for ", dtype);
       return;
     case RedOp::AVG:
       TORCH_CHECK(dtype != at::kBool, "tpu_dist ", op, ": AVG is not defined for bool tensors");
@@ -74,8 +73,7 @@ void check_redop(int redop, at::ScalarType dtype, const char* op) {
     case RedOp::BAND:
     case RedOp::BOR:
     case RedOp::BXOR:
-      TORCH_CHECK(integral, "tpu_dist ", op, ": ", redop_name(redop), " needs an integer or bool tensor, got ",
-                  dtype);
+      TORCH_CHECK(integral, "tpu_dist ", op, ": ", redop_name(redop), " needs an integer or bool tensor, got ", dtype);
       return;
     case RedOp::PREMUL_SUM:
       TORCH_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype), "tpu_dist ", op,

@@ -4,10 +4,10 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <cstdint>
 #include <string>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <vector>
 
 #include "distributed/collectives.h"

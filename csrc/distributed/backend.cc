@@ -2,10 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <cstdlib>
 #include <cstring>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "distributed/arguments.h"
 #include "distributed/chips.h"
@@ -115,8 +115,8 @@ void TpuBackend::abort() {
 
 void TpuBackend::check_usable(const char* op) const {
   if (shut_down_.load()) {
-    C10_THROW_ERROR(DistBackendError, std::string("tpu_dist ") + op + ": group '" + config_.group_name +
-                                          "' was shut down");
+    C10_THROW_ERROR(DistBackendError,
+                    std::string("tpu_dist ") + op + ": group '" + config_.group_name + "' was shut down");
   }
   if (group_->failed()) {
     C10_THROW_ERROR(DistBackendError, std::string("tpu_dist ") + op + ": group '" + config_.group_name +
@@ -124,8 +124,7 @@ void TpuBackend::check_usable(const char* op) const {
   }
 }
 
-Executor& TpuBackend::peer_executor(std::map<int, std::unique_ptr<Executor>>& executors, int peer,
-                                    const char* kind) {
+Executor& TpuBackend::peer_executor(std::map<int, std::unique_ptr<Executor>>& executors, int peer, const char* kind) {
   std::lock_guard<std::mutex> lock(peers_mu_);
   auto& e = executors[peer];
   if (!e) e = std::make_unique<Executor>(std::string("tpu_dist_") + kind + std::to_string(peer));
@@ -177,8 +176,7 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::launch(Executor& executor, OpType typ
 
 // ---------------------------------------------------------------- point to point
 
-at::Tensor& TpuBackend::check_p2p(std::vector<at::Tensor>& tensors, int peer, const char* op,
-                                  const char* role) const {
+at::Tensor& TpuBackend::check_p2p(std::vector<at::Tensor>& tensors, int peer, const char* op, const char* role) const {
   check_usable(op);
   at::Tensor& t = single(tensors, op);
   check_tensor(t, op, "tensor");
@@ -189,8 +187,8 @@ at::Tensor& TpuBackend::check_p2p(std::vector<at::Tensor>& tensors, int peer, co
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
   at::Tensor& t = check_p2p(tensors, dst, "send", "destination");
-  const std::string what = "send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) + ", " +
-                           describe_tensor(t) + ")";
+  const std::string what =
+      "send to rank " + std::to_string(dst) + " (tag " + std::to_string(tag) + ", " + describe_tensor(t) + ")";
   const int device = tpu_index(t);
   return launch(peer_executor(senders_, dst, "send"), OpType::SEND, "tpu_dist:send", tpu_indices({t}), {t}, 0,
                 [this, r = TensorRecipe::of(t), dst, tag, what, device](uint64_t) {
@@ -207,8 +205,8 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::send(std::vector<at::Tensor>& tensors
 
 c10::intrusive_ptr<c10d::Work> TpuBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
   at::Tensor& t = check_p2p(tensors, src, "recv", "source");
-  const std::string what = "recv from rank " + std::to_string(src) + " (tag " + std::to_string(tag) + ", " +
-                           describe_tensor(t) + ")";
+  const std::string what =
+      "recv from rank " + std::to_string(src) + " (tag " + std::to_string(tag) + ", " + describe_tensor(t) + ")";
   return launch(peer_executor(receivers_, src, "recv"), OpType::RECV, "tpu_dist:recv", tpu_indices({t}), {t}, 0,
                 [this, r = TensorRecipe::of(t), src, tag, what](uint64_t) {
                   AliasBuilder b(c10::kCPU);

@@ -12,16 +12,15 @@
 // peer, so point-to-point traffic never waits behind collectives.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
-
 #include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 #include "distributed/shm_group.h"
@@ -75,10 +74,9 @@ class TpuBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
@@ -114,13 +112,13 @@ class TpuBackend : public c10d::Backend {
   // `devices` and runs the steps in order on the collective thread; the Work then
   // completes with `outputs`, or with the first error.
   struct Collective {
-    const char* title;         // "tpu_dist:<op>": the profiler keeps the pointer
+    const char* title;  // "tpu_dist:<op>": the profiler keeps the pointer
     c10d::OpType type;
     std::vector<int> devices;  // tpu indices; the first is current on the collective thread
     std::vector<at::Tensor> outputs;
-    int device = -1;           // tpu index of the chip that records the cost, -1 for host tensors
-    std::vector<Step> steps;   // one, or one per tensor of a coalesced collective
-    const char* op() const;    // the title without "tpu_dist:"
+    int device = -1;          // tpu index of the chip that records the cost, -1 for host tensors
+    std::vector<Step> steps;  // one, or one per tensor of a coalesced collective
+    const char* op() const;   // the title without "tpu_dist:"
   };
   // Raises if the group is unusable; then the caller validates its arguments and adds the steps.
   Collective begin(const char* title, c10d::OpType type) const;

@@ -23,7 +23,7 @@ std::vector<at::Tensor> concat(std::vector<at::Tensor> a, const std::vector<at::
 // Bodies shared by the list, tensor and coalesced entry points (run on the collective thread).
 // `outputs`: one per rank, or one holding all ranks' blocks.
 void run_all_gather(Transport& transport, const Call& call, const TensorRecipe& input,
-                const std::vector<TensorRecipe>& outputs) {
+                    const std::vector<TensorRecipe>& outputs) {
   AliasBuilder b(c10::kCPU);
   HostView in(b, input, /*read=*/true);
   std::vector<HostView> outs;
@@ -37,7 +37,7 @@ void run_all_gather(Transport& transport, const Call& call, const TensorRecipe& 
 
 // `inputs`: one per rank, or one holding all ranks' blocks.
 void run_reduce_scatter(Transport& transport, const Call& call, const std::vector<TensorRecipe>& inputs,
-                    const TensorRecipe& output, int redop, double factor, int n) {
+                        const TensorRecipe& output, int redop, double factor, int n) {
   AliasBuilder b(c10::kCPU);
   HostView out(b, output, /*read=*/false);
   const int64_t count = out.flat().numel();
@@ -97,24 +97,24 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allreduce_coalesced(std::vector<at::T
   c.devices = tpu_indices(tensors);
   c.outputs = tensors;
   c.device = tpu_index(tensors[0]);
-  c.steps.push_back({d, describe_tensor(tensors[0]),
-                     [this, rs = recipes(tensors), redop, factor, total](const Call& call) {
-                       AliasBuilder b(c10::kCPU);
-                       std::vector<at::Tensor> views;
-                       for (const auto& r : rs) views.push_back(b.alias(r));
-                       at::Tensor flat = at::empty({total}, views[0].options());
-                       int64_t off = 0;
-                       for (auto& v : views) {
-                         flat.narrow(0, off, v.numel()).view(v.sizes()).copy_(v);
-                         off += v.numel();
-                       }
-                       transport_->all_reduce(call, flat, redop, factor);
-                       off = 0;
-                       for (auto& v : views) {
-                         v.copy_(flat.narrow(0, off, v.numel()).view(v.sizes()));
-                         off += v.numel();
-                       }
-                     }});
+  c.steps.push_back(
+      {d, describe_tensor(tensors[0]), [this, rs = recipes(tensors), redop, factor, total](const Call& call) {
+         AliasBuilder b(c10::kCPU);
+         std::vector<at::Tensor> views;
+         for (const auto& r : rs) views.push_back(b.alias(r));
+         at::Tensor flat = at::empty({total}, views[0].options());
+         int64_t off = 0;
+         for (auto& v : views) {
+           flat.narrow(0, off, v.numel()).view(v.sizes()).copy_(v);
+           off += v.numel();
+         }
+         transport_->all_reduce(call, flat, redop, factor);
+         off = 0;
+         for (auto& v : views) {
+           v.copy_(flat.narrow(0, off, v.numel()).view(v.sizes()));
+           off += v.numel();
+         }
+       }});
   return issue(std::move(c));
 }
 
@@ -167,9 +167,9 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather(std::vector<std::vector<at:
   Collective c = begin("tpu_dist:all_gather", OpType::ALLGATHER);
   at::Tensor& in = single(inputs, c.op());
   check_tensor(in, c.op(), "input");
-  TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), "tpu_dist all_gather: ",
-              "expects one list of ", getSize(), " output tensors, got ", outputs.size(), " list(s) of ",
-              outputs.empty() ? 0 : outputs[0].size());
+  TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
+              "tpu_dist all_gather: ", "expects one list of ", getSize(), " output tensors, got ", outputs.size(),
+              " list(s) of ", outputs.empty() ? 0 : outputs[0].size());
   for (const auto& o : outputs[0]) {
     check_tensor(o, c.op(), "output");
     check_same(o, in, c.op(), "an output", "the input");
@@ -191,8 +191,8 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::_allgather_base(at::Tensor& output, a
   Collective c = begin("tpu_dist:all_gather_into_tensor", OpType::_ALLGATHER_BASE);
   check_pair(output, input, c.op(), "the output", "the input");
   TORCH_CHECK(output.numel() == input.numel() * getSize(), "tpu_dist all_gather_into_tensor: the output (",
-              describe_tensor(output), ") must hold ", getSize(), " x the input's ", input.numel(),
-              " elements (input ", describe_tensor(input), ")");
+              describe_tensor(output), ") must hold ", getSize(), " x the input's ", input.numel(), " elements (input ",
+              describe_tensor(input), ")");
   c.devices = tpu_indices({output, input});
   c.outputs = {output};
   c.device = tpu_index(input);
@@ -207,8 +207,8 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_coalesced(std::vector<std::
                                                                std::vector<at::Tensor>& inputs,
                                                                const c10d::AllgatherOptions& opts) {
   Collective c = begin("tpu_dist:all_gather_coalesced", OpType::ALLGATHER_COALESCED);
-  TORCH_CHECK(outputs.size() == inputs.size(), "tpu_dist all_gather_coalesced: ", outputs.size(),
-              " output lists for ", inputs.size(), " inputs");
+  TORCH_CHECK(outputs.size() == inputs.size(), "tpu_dist all_gather_coalesced: ", outputs.size(), " output lists for ",
+              inputs.size(), " inputs");
   std::vector<at::Tensor> all;
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(inputs[i], c.op(), "input");
@@ -240,9 +240,9 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::allgather_into_tensor_coalesced(std::
               " outputs for ", inputs.size(), " inputs");
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_pair(outputs[i], inputs[i], c.op(), "an output", "its input");
-    TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize(), "tpu_dist all_gather_into_tensor_coalesced: ",
-                "output ", describe_tensor(outputs[i]), " must hold ", getSize(), " x input ",
-                describe_tensor(inputs[i]));
+    TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * getSize(),
+                "tpu_dist all_gather_into_tensor_coalesced: ", "output ", describe_tensor(outputs[i]), " must hold ",
+                getSize(), " x input ", describe_tensor(inputs[i]));
     c.steps.push_back({describe(OpKind::kAllGather, inputs[i], 0, inputs[i].numel(), -1), "",
                        [this, ri = TensorRecipe::of(inputs[i]), ro = TensorRecipe::of(outputs[i])](const Call& call) {
                          run_all_gather(*transport_, call, ri, {ro});
@@ -306,8 +306,8 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::scatter(std::vector<at::Tensor>& outp
     for (const auto& i : inputs[0]) {
       check_tensor(i, c.op(), "input");
       check_same(i, out, c.op(), "an input", "the output");
-      TORCH_CHECK(i.numel() == out.numel(), "tpu_dist scatter: input ", describe_tensor(i),
-                  " does not match output ", describe_tensor(out));
+      TORCH_CHECK(i.numel() == out.numel(), "tpu_dist scatter: input ", describe_tensor(i), " does not match output ",
+                  describe_tensor(out));
     }
     ins = inputs[0];
   } else {
@@ -371,11 +371,11 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::_reduce_scatter_base(at::Tensor& outp
   c.devices = tpu_indices({output, input});
   c.outputs = {output};
   c.device = tpu_index(output);
-  c.steps.push_back({describe(OpKind::kReduceScatter, output, redop, output.numel(), -1), describe_tensor(input),
-                     [this, ri = TensorRecipe::of(input), ro = TensorRecipe::of(output), redop,
-                      factor](const Call& call) {
-                       run_reduce_scatter(*transport_, call, {ri}, ro, redop, factor, getSize());
-                     }});
+  c.steps.push_back(
+      {describe(OpKind::kReduceScatter, output, redop, output.numel(), -1), describe_tensor(input),
+       [this, ri = TensorRecipe::of(input), ro = TensorRecipe::of(output), redop, factor](const Call& call) {
+         run_reduce_scatter(*transport_, call, {ri}, ro, redop, factor, getSize());
+       }});
   return issue(std::move(c));
 }
 
@@ -388,18 +388,18 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::reduce_scatter_tensor_coalesced(std::
   const int redop = opts.reduceOp.op_;
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_pair(outputs[i], inputs[i], c.op(), "an output", "its input");
-    TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize(), "tpu_dist reduce_scatter_tensor_coalesced: ",
-                "input ", describe_tensor(inputs[i]), " must hold ", getSize(), " x output ",
-                describe_tensor(outputs[i]));
+    TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * getSize(),
+                "tpu_dist reduce_scatter_tensor_coalesced: ", "input ", describe_tensor(inputs[i]), " must hold ",
+                getSize(), " x output ", describe_tensor(outputs[i]));
     check_redop(redop, outputs[i].scalar_type(), c.op());
   }
   const double factor = premul_factor(opts.reduceOp);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    c.steps.push_back({describe(OpKind::kReduceScatter, outputs[i], redop, outputs[i].numel(), -1), "",
-                       [this, ri = TensorRecipe::of(inputs[i]), ro = TensorRecipe::of(outputs[i]), redop,
-                        factor](const Call& call) {
-                         run_reduce_scatter(*transport_, call, {ri}, ro, redop, factor, getSize());
-                       }});
+    c.steps.push_back(
+        {describe(OpKind::kReduceScatter, outputs[i], redop, outputs[i].numel(), -1), "",
+         [this, ri = TensorRecipe::of(inputs[i]), ro = TensorRecipe::of(outputs[i]), redop, factor](const Call& call) {
+           run_reduce_scatter(*transport_, call, {ri}, ro, redop, factor, getSize());
+         }});
   }
   c.devices = tpu_indices(concat(outputs, inputs));
   c.outputs = outputs;
@@ -423,16 +423,15 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall_base(at::Tensor& output, at:
                   ") must split evenly along dim 0 into ", n, " parts when no split sizes are given");
       std::fill(rows.begin(), rows.end(), dim0 / n);
     } else {
-      TORCH_CHECK(static_cast<int>(given.size()) == n, "tpu_dist all_to_all_single: ", role, " split sizes need ",
-                  n, " entries, got ", given.size());
+      TORCH_CHECK(static_cast<int>(given.size()) == n, "tpu_dist all_to_all_single: ", role, " split sizes need ", n,
+                  " entries, got ", given.size());
       int64_t sum = 0;
       for (auto s : given) {
         TORCH_CHECK(s >= 0, "tpu_dist all_to_all_single: negative ", role, " split size ", s);
         sum += s;
       }
-      TORCH_CHECK(t.dim() > 0 && sum == t.size(0), "tpu_dist all_to_all_single: ", role, " split sizes sum to ",
-                  sum, " but the ", role, " (", describe_tensor(t), ") has ", t.dim() > 0 ? t.size(0) : 0,
-                  " rows");
+      TORCH_CHECK(t.dim() > 0 && sum == t.size(0), "tpu_dist all_to_all_single: ", role, " split sizes sum to ", sum,
+                  " but the ", role, " (", describe_tensor(t), ") has ", t.dim() > 0 ? t.size(0) : 0, " rows");
       rows = given;
     }
     const int64_t dim0 = t.dim() == 0 ? 1 : t.size(0);
@@ -482,32 +481,30 @@ c10::intrusive_ptr<c10d::Work> TpuBackend::alltoall(std::vector<at::Tensor>& out
   c.devices = tpu_indices(concat(outputs, inputs));
   c.outputs = outputs;
   c.device = tpu_index(inputs[0]);
-  c.steps.push_back({describe(OpKind::kAllToAll, inputs[0], 0, s.send_total / std::max<int64_t>(es, 1), -1),
-                     describe_tensor(inputs[0]),
-                     [this, ri = recipes(inputs), ro = recipes(outputs), s](const Call& call) {
-                       AliasBuilder b(c10::kCPU);
-                       const int n = getSize();
-                       std::vector<at::Tensor> ins, outs;
-                       for (const auto& r : ri) ins.push_back(b.alias(r));
-                       for (const auto& r : ro) outs.push_back(b.alias(r));
-                       const auto opts = ins[0].options();
-                       at::Tensor in = at::empty({s.send_total}, opts.dtype(at::kByte));
-                       at::Tensor out = at::empty({s.recv_total}, opts.dtype(at::kByte));
-                       for (int q = 0; q < n; ++q) {
-                         if (s.counts[q] > 0) {
-                           in.narrow(0, s.send_offsets[q], s.counts[q]).view(ins[q].scalar_type())
-                               .copy_(ins[q].reshape({-1}));
-                         }
-                       }
-                       transport_->all_to_all(call, in, out, s);
-                       for (int q = 0; q < n; ++q) {
-                         if (s.counts[n + q] > 0) {
-                           outs[q].copy_(out.narrow(0, s.recv_offsets[q], s.counts[n + q])
-                                             .view(outs[q].scalar_type())
-                                             .view(outs[q].sizes()));
-                         }
-                       }
-                     }});
+  c.steps.push_back(
+      {describe(OpKind::kAllToAll, inputs[0], 0, s.send_total / std::max<int64_t>(es, 1), -1),
+       describe_tensor(inputs[0]), [this, ri = recipes(inputs), ro = recipes(outputs), s](const Call& call) {
+         AliasBuilder b(c10::kCPU);
+         const int n = getSize();
+         std::vector<at::Tensor> ins, outs;
+         for (const auto& r : ri) ins.push_back(b.alias(r));
+         for (const auto& r : ro) outs.push_back(b.alias(r));
+         const auto opts = ins[0].options();
+         at::Tensor in = at::empty({s.send_total}, opts.dtype(at::kByte));
+         at::Tensor out = at::empty({s.recv_total}, opts.dtype(at::kByte));
+         for (int q = 0; q < n; ++q) {
+           if (s.counts[q] > 0) {
+             in.narrow(0, s.send_offsets[q], s.counts[q]).view(ins[q].scalar_type()).copy_(ins[q].reshape({-1}));
+           }
+         }
+         transport_->all_to_all(call, in, out, s);
+         for (int q = 0; q < n; ++q) {
+           if (s.counts[n + q] > 0) {
+             outs[q].copy_(
+                 out.narrow(0, s.recv_offsets[q], s.counts[n + q]).view(outs[q].scalar_type()).view(outs[q].sizes()));
+           }
+         }
+       }});
   return issue(std::move(c));
 }
 

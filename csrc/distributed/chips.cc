@@ -11,9 +11,7 @@ const vtpu::Topology& topology() { return runtime().topology(); }
 
 bool is_tpu(const c10::Device& device) { return device.type() == kTPU; }
 
-int tpu_index(const at::Tensor& t) {
-  return t.defined() && t.device().type() == kTPU ? t.device().index() : -1;
-}
+int tpu_index(const at::Tensor& t) { return t.defined() && t.device().type() == kTPU ? t.device().index() : -1; }
 
 std::vector<int> tpu_indices(const std::vector<at::Tensor>& tensors) {
   std::vector<int> out;

@@ -4,9 +4,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <optional>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <vector>
 
 #include "distributed/shm_group.h"

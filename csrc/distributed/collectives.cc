@@ -16,49 +16,81 @@ using RedOp = c10d::ReduceOp::RedOpType;
 
 std::string dtype_name(int32_t dtype) {
   switch (static_cast<at::ScalarType>(dtype)) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kLong: return "int64";
-    case at::kInt: return "int32";
-    case at::kShort: return "int16";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kBool: return "bool";
-    case at::kComplexFloat: return "complex64";
-    case at::kComplexDouble: return "complex128";
-    default: return c10::toString(static_cast<at::ScalarType>(dtype));
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kLong:
+      return "int64";
+    case at::kInt:
+      return "int32";
+    case at::kShort:
+      return "int16";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kBool:
+      return "bool";
+    case at::kComplexFloat:
+      return "complex64";
+    case at::kComplexDouble:
+      return "complex128";
+    default:
+      return c10::toString(static_cast<at::ScalarType>(dtype));
   }
 }
 
 const char* op_name(OpKind op) {
   switch (op) {
-    case OpKind::kAllReduce: return "all_reduce";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kAllGather: return "all_gather";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kAllToAll: return "all_to_all";
-    case OpKind::kGather: return "gather";
-    case OpKind::kScatter: return "scatter";
-    case OpKind::kReduce: return "reduce";
-    case OpKind::kBarrier: return "barrier";
+    case OpKind::kAllReduce:
+      return "all_reduce";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kAllGather:
+      return "all_gather";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kAllToAll:
+      return "all_to_all";
+    case OpKind::kGather:
+      return "gather";
+    case OpKind::kScatter:
+      return "scatter";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kBarrier:
+      return "barrier";
   }
   return "unknown";
 }
 
 const char* redop_name(int redop) {
   switch (static_cast<RedOp>(redop)) {
-    case RedOp::SUM: return "SUM";
-    case RedOp::AVG: return "AVG";
-    case RedOp::PRODUCT: return "PRODUCT";
-    case RedOp::MIN: return "MIN";
-    case RedOp::MAX: return "MAX";
-    case RedOp::BAND: return "BAND";
-    case RedOp::BOR: return "BOR";
-    case RedOp::BXOR: return "BXOR";
-    case RedOp::PREMUL_SUM: return "PREMUL_SUM";
-    default: return "UNKNOWN";
+    case RedOp::SUM:
+      return "SUM";
+    case RedOp::AVG:
+      return "AVG";
+    case RedOp::PRODUCT:
+      return "PRODUCT";
+    case RedOp::MIN:
+      return "MIN";
+    case RedOp::MAX:
+      return "MAX";
+    case RedOp::BAND:
+      return "BAND";
+    case RedOp::BOR:
+      return "BOR";
+    case RedOp::BXOR:
+      return "BXOR";
+    case RedOp::PREMUL_SUM:
+      return "PREMUL_SUM";
+    default:
+      return "UNKNOWN";
   }
 }
 
@@ -85,12 +117,23 @@ void combine(void* dst, const void* a, const void* b, int64_t count, at::ScalarT
         at::mul_out(D, A, B);
       }
       break;
-    case RedOp::MIN: at::minimum_out(D, A, B); break;
-    case RedOp::MAX: at::maximum_out(D, A, B); break;
-    case RedOp::BAND: at::bitwise_and_out(D, A, B); break;
-    case RedOp::BOR: at::bitwise_or_out(D, A, B); break;
-    case RedOp::BXOR: at::bitwise_xor_out(D, A, B); break;
-    default: TORCH_CHECK(false, "tpu_dist: unsupported reduce op ", redop_name(redop));
+    case RedOp::MIN:
+      at::minimum_out(D, A, B);
+      break;
+    case RedOp::MAX:
+      at::maximum_out(D, A, B);
+      break;
+    case RedOp::BAND:
+      at::bitwise_and_out(D, A, B);
+      break;
+    case RedOp::BOR:
+      at::bitwise_or_out(D, A, B);
+      break;
+    case RedOp::BXOR:
+      at::bitwise_xor_out(D, A, B);
+      break;
+    default:
+      TORCH_CHECK(false, "tpu_dist: unsupported reduce op ", redop_name(redop));
   }
 }
 

@@ -5,10 +5,10 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <cstdint>
 #include <string>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 #include <vector>
 
 #include "vtpu/counters.h"

@@ -2,14 +2,13 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
 #include <pthread.h>
 
 #include <algorithm>
 #include <map>
 #include <set>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "distributed/arguments.h"
 #include "distributed/chips.h"
@@ -58,8 +57,11 @@ ShmGroup::Options Hierarchy::local_options(const ShmGroup::Options& whole) const
 
 HierarchicalTransport::HierarchicalTransport(Hierarchy hierarchy, ShmGroup& local, const vtpu::Topology& topology,
                                              Options options)
-    : hier_(std::move(hierarchy)), group_(local), local_(local, topology, options.small_bytes),
-      engine_(local_.engine()), opts_(std::move(options)) {
+    : hier_(std::move(hierarchy)),
+      group_(local),
+      local_(local, topology, options.small_bytes),
+      engine_(local_.engine()),
+      opts_(std::move(options)) {
   if (group_.size() > 1) watcher_ = std::thread([this] { watch_local_peers(); });
 }
 
@@ -78,8 +80,8 @@ void HierarchicalTransport::after_error() {
   if (group_.failed()) publish_failure();
 }
 
-Arrival HierarchicalTransport::local_arrive(OpKind op, const at::Tensor& like, int redop, int64_t numel,
-                                            int64_t root, const std::string& what) {
+Arrival HierarchicalTransport::local_arrive(OpKind op, const at::Tensor& like, int redop, int64_t numel, int64_t root,
+                                            const std::string& what) {
   Descriptor d = describe(op, at::Tensor(), redop, numel, root);
   if (like.defined()) {  // a flat tensor of like's dtype
     d.dtype = static_cast<int32_t>(like.scalar_type());
@@ -135,23 +137,22 @@ void HierarchicalTransport::dcn_wait(const c10::intrusive_ptr<c10d::Work>& work,
         }
       }
     } catch (const c10::Error& store_error) {
-      store_note = std::string(" (the store could not be asked for the cause: ") +
-                   store_error.what_without_backtrace() + ")";
+      store_note =
+          std::string(" (the store could not be asked for the cause: ") + store_error.what_without_backtrace() + ")";
     } catch (const std::exception& store_error) {
       store_note = std::string(" (the store could not be asked for the cause: ") + store_error.what() + ")";
     }
-    const std::string msg = "tpu_dist " + what + " in group '" + opts_.group_name + "' (rank " +
-                            std::to_string(opts_.rank) + "): " +
-                            (cause.empty() ? std::string("the part across hosts (gloo over TCP) failed: ") + e.what() + store_note
-                                           : cause + " (reported through the store; gloo: " + e.what() + ")");
+    const std::string msg =
+        "tpu_dist " + what + " in group '" + opts_.group_name + "' (rank " + std::to_string(opts_.rank) + "): " +
+        (cause.empty() ? std::string("the part across hosts (gloo over TCP) failed: ") + e.what() + store_note
+                       : cause + " (reported through the store; gloo: " + e.what() + ")");
     group_.mark_failed(-1, cause.empty() ? msg : cause);
     failure_published_ = true;  // a consequence, not a root cause
     C10_THROW_ERROR(DistBackendError, msg);
   }
 }
 
-void HierarchicalTransport::record_dcn(int device, double payload, double ici_bytes, int ici_steps,
-                                       double dcn_bytes) {
+void HierarchicalTransport::record_dcn(int device, double payload, double ici_bytes, int ici_steps, double dcn_bytes) {
   vtpu::CollectiveCost c;
   c.payload_bytes = payload;
   c.ici_bytes = ici_bytes;
@@ -213,8 +214,7 @@ void HierarchicalTransport::all_reduce(const Call& c, const at::Tensor& tensor, 
   record_dcn(device, numel * es, ici, 2 * (L - 1), 2.0 * (H - 1) / H * shard * es);
 }
 
-void HierarchicalTransport::all_gather(const Call& c, const at::Tensor& input,
-                                       const std::vector<at::Tensor>& outputs) {
+void HierarchicalTransport::all_gather(const Call& c, const at::Tensor& input, const std::vector<at::Tensor>& outputs) {
   const int n = opts_.size;
   const int64_t count = input.numel();
   at::Tensor all = outputs.size() == 1 ? outputs[0].reshape({-1}) : at::empty({n * count}, input.options());
@@ -224,8 +224,8 @@ void HierarchicalTransport::all_gather(const Call& c, const at::Tensor& input,
   }
 }
 
-void HierarchicalTransport::all_gather_into(const at::Tensor& input, const at::Tensor& output,
-                                            const std::string& what, int device) {
+void HierarchicalTransport::all_gather_into(const at::Tensor& input, const at::Tensor& output, const std::string& what,
+                                            int device) {
   const int64_t m = input.numel();
   const size_t es = input.element_size();
   const int n = opts_.size;

@@ -7,14 +7,13 @@
 // of the tensors.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "distributed/shm_transport.h"
@@ -44,7 +43,7 @@ class HierarchicalTransport : public Transport {
     std::string group_name;
     int rank = 0;  // in the whole group
     int size = 1;
-    size_t small_bytes = 0;                  // of the local ring engine
+    size_t small_bytes = 0;                 // of the local ring engine
     c10::intrusive_ptr<c10d::Store> store;  // the whole group's: failure reports across hosts
     // gloo groups: `cross` joins the ranks with this rank's local index on every host
     // (hosts with equal rank counts only; else null), `flat` all ranks of the group.

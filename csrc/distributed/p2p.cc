@@ -1,13 +1,13 @@
 #include "distributed/p2p.h"
 
-#include "distributed/collectives.h"
-
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
+
+#include "distributed/collectives.h"
 
 namespace torch_tpu::dist {
 namespace {
@@ -33,7 +33,8 @@ void write_stream(ShmGroup& g, int dst, const char* data, uint64_t len, const st
   while (len > 0) {
     uint64_t space = cap - (w - consumed.load(std::memory_order_acquire));
     if (space == 0) {
-      g.wait_for(dst, [&] { return cap - (w - consumed.load(std::memory_order_acquire)) > 0; }, what);
+      g.wait_for(
+          dst, [&] { return cap - (w - consumed.load(std::memory_order_acquire)) > 0; }, what);
       space = cap - (w - consumed.load(std::memory_order_acquire));
     }
     const uint64_t pos = w % cap;
@@ -58,7 +59,8 @@ void read_stream(ShmGroup& g, int src, char* data, uint64_t len, const std::stri
   while (len > 0) {
     uint64_t avail = written.load(std::memory_order_acquire) - r;
     if (avail == 0) {
-      g.wait_for(src, [&] { return written.load(std::memory_order_acquire) - r > 0; }, what);
+      g.wait_for(
+          src, [&] { return written.load(std::memory_order_acquire) - r > 0; }, what);
       avail = written.load(std::memory_order_acquire) - r;
     }
     const uint64_t pos = r % cap;
@@ -87,8 +89,7 @@ void p2p_send(ShmGroup& g, int dst, int64_t tag, int32_t dtype, const void* data
   write_stream(g, dst, static_cast<const char*>(data), bytes, what);
 }
 
-void p2p_recv(ShmGroup& g, int src, int64_t tag, int32_t dtype, void* data, uint64_t bytes,
-              const std::string& what) {
+void p2p_recv(ShmGroup& g, int src, int64_t tag, int32_t dtype, void* data, uint64_t bytes, const std::string& what) {
   MessageHeader h{};
   read_stream(g, src, reinterpret_cast<char*>(&h), sizeof(h), what);
   if (h.magic != kMessageMagic) {
@@ -98,11 +99,9 @@ void p2p_recv(ShmGroup& g, int src, int64_t tag, int32_t dtype, void* data, uint
   }
   if (h.tag != tag || h.bytes != bytes || h.dtype != dtype) {
     read_stream(g, src, nullptr, h.bytes, what);  // keep the channel in step
-    TORCH_CHECK(false, "tpu_dist ", what, ": the next message from ", g.describe_rank(src), " has tag ", h.tag,
-                ", ", h.bytes, " bytes of ", dtype_name(h.dtype),
-                ", but this recv expects tag ", tag, ", ", bytes, " bytes of ",
-                dtype_name(dtype),
-                " (sends and recvs between two ranks must match in order)");
+    TORCH_CHECK(false, "tpu_dist ", what, ": the next message from ", g.describe_rank(src), " has tag ", h.tag, ", ",
+                h.bytes, " bytes of ", dtype_name(h.dtype), ", but this recv expects tag ", tag, ", ", bytes,
+                " bytes of ", dtype_name(dtype), " (sends and recvs between two ranks must match in order)");
   }
   read_stream(g, src, static_cast<char*>(data), bytes, what);
 }

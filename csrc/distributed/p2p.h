@@ -13,7 +13,6 @@ namespace torch_tpu::dist {
 
 void p2p_send(ShmGroup& g, int dst, int64_t tag, int32_t dtype, const void* data, uint64_t bytes,
               const std::string& what);
-void p2p_recv(ShmGroup& g, int src, int64_t tag, int32_t dtype, void* data, uint64_t bytes,
-              const std::string& what);
+void p2p_recv(ShmGroup& g, int src, int64_t tag, int32_t dtype, void* data, uint64_t bytes, const std::string& what);
 
 }  // namespace torch_tpu::dist

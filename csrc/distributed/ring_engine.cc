@@ -12,9 +12,7 @@ namespace {
 
 using RedOp = c10d::ReduceOp::RedOpType;
 
-bool uses_redop(OpKind op) {
-  return op == OpKind::kAllReduce || op == OpKind::kReduceScatter || op == OpKind::kReduce;
-}
+bool uses_redop(OpKind op) { return op == OpKind::kAllReduce || op == OpKind::kReduceScatter || op == OpKind::kReduce; }
 bool uses_root(OpKind op) {
   return op == OpKind::kBroadcast || op == OpKind::kGather || op == OpKind::kScatter || op == OpKind::kReduce;
 }
@@ -95,8 +93,7 @@ Arrival Engine::arrive(uint64_t seq, const Descriptor& d, const std::string& wha
   bool agree = true;
   for (int r = 0; r < n && agree; ++r) {
     const Descriptor& o = a.descs[r];
-    agree = o.seq == seq && o.op == mine.op &&
-            (op == OpKind::kBarrier || o.dtype == mine.dtype) &&
+    agree = o.seq == seq && o.op == mine.op && (op == OpKind::kBarrier || o.dtype == mine.dtype) &&
             (!uses_redop(op) || o.redop == mine.redop) && (!uses_numel(op) || o.numel == mine.numel) &&
             (!uses_root(op) || o.root == mine.root);
   }
@@ -112,9 +109,9 @@ Arrival Engine::arrive(uint64_t seq, const Descriptor& d, const std::string& wha
       const int64_t* cr = r == g_.rank() ? g_.my_counts(seq) : g_.counts(r, seq);
       for (int q = 0; q < n; ++q) {
         const int64_t* cq = q == g_.rank() ? g_.my_counts(seq) : g_.counts(q, seq);
-        TORCH_CHECK(cr[q] == cq[n + r], "tpu_dist ", what, " in group '", g_.options().group_name, "': ",
-                    g_.describe_rank(r), " sends ", cr[q], " bytes to ", g_.describe_rank(q),
-                    ", which expects ", cq[n + r], " bytes from it (split sizes disagree)");
+        TORCH_CHECK(cr[q] == cq[n + r], "tpu_dist ", what, " in group '", g_.options().group_name,
+                    "': ", g_.describe_rank(r), " sends ", cr[q], " bytes to ", g_.describe_rank(q), ", which expects ",
+                    cq[n + r], " bytes from it (split sizes disagree)");
       }
     }
   }
@@ -226,8 +223,8 @@ void Engine::reduce_scatter(const Arrival& a, const void* input, void* output, i
   }
 }
 
-void Engine::reduce(const Arrival& a, const void* input, void* output, int64_t numel, at::ScalarType dtype,
-                    int redop, int root, const std::string& what) {
+void Engine::reduce(const Arrival& a, const void* input, void* output, int64_t numel, at::ScalarType dtype, int redop,
+                    int root, const std::string& what) {
   const int n = g_.size();
   const int me = g_.rank();
   const size_t es = c10::elementSize(dtype);
@@ -314,8 +311,8 @@ void Engine::broadcast(const Arrival& a, void* data, int64_t bytes, int root, co
   }
 }
 
-void Engine::gather(const Arrival& a, const void* input, const std::vector<void*>& outputs, int64_t bytes,
-                    int root, const std::string& what) {
+void Engine::gather(const Arrival& a, const void* input, const std::vector<void*>& outputs, int64_t bytes, int root,
+                    const std::string& what) {
   const int n = g_.size();
   const int me = g_.rank();
   const char* in = static_cast<const char*>(input);
@@ -343,8 +340,8 @@ void Engine::gather(const Arrival& a, const void* input, const std::vector<void*
   }
 }
 
-void Engine::scatter(const Arrival& a, const std::vector<const void*>& inputs, void* output, int64_t bytes,
-                     int root, const std::string& what) {
+void Engine::scatter(const Arrival& a, const std::vector<const void*>& inputs, void* output, int64_t bytes, int root,
+                     const std::string& what) {
   const int n = g_.size();
   const int me = g_.rank();
   char* out = static_cast<char*>(output);

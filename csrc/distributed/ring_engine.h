@@ -44,8 +44,8 @@ class Engine {
   void all_reduce(const Arrival& a, void* data, int64_t numel, at::ScalarType dtype, int redop,
                   const std::string& what);
   // `input`: size*count elements (block r for rank r); `output`: count elements.
-  void reduce_scatter(const Arrival& a, const void* input, void* output, int64_t count, at::ScalarType dtype,
-                      int redop, const std::string& what);
+  void reduce_scatter(const Arrival& a, const void* input, void* output, int64_t count, at::ScalarType dtype, int redop,
+                      const std::string& what);
   // `outputs[r]` receives rank r's `count` elements.
   void all_gather(const Arrival& a, const void* input, const std::vector<void*>& outputs, int64_t count,
                   size_t element_size, const std::string& what);

@@ -112,9 +112,8 @@ ShmSegment ShmSegment::open(const std::string& name, size_t min_bytes) {
   const size_t bytes = static_cast<size_t>(st.st_size);
   if (bytes < min_bytes) {
     close(fd);
-    throw std::runtime_error("tpu_dist: shared-memory segment '" + name + "' has " +
-                             std::to_string(bytes) + " bytes, expected at least " +
-                             std::to_string(min_bytes) +
+    throw std::runtime_error("tpu_dist: shared-memory segment '" + name + "' has " + std::to_string(bytes) +
+                             " bytes, expected at least " + std::to_string(min_bytes) +
                              " (ranks configured with different TORCH_TPU_DIST_* sizes?)");
   }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

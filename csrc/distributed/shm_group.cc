@@ -118,8 +118,8 @@ ShmGroup::ShmGroup(const c10::intrusive_ptr<c10d::Store>& store, Options options
     if (r == opts_.rank) continue;
     segments_[r] = ShmSegment::open(to_string(store->get(keys[r])), segment_bytes_);
     Header& peer = header(r);
-    TORCH_CHECK(peer.magic.load(std::memory_order_acquire) == kMagic && peer.version == kVersion &&
-                    peer.world == n && peer.rank == r && peer.segment_bytes == segment_bytes_,
+    TORCH_CHECK(peer.magic.load(std::memory_order_acquire) == kMagic && peer.version == kVersion && peer.world == n &&
+                    peer.rank == r && peer.segment_bytes == segment_bytes_,
                 "tpu_dist: the shared-memory segment of ", describe_rank(r), " in ", what,
                 " does not match this rank's layout (different torch_tpu versions or TORCH_TPU_DIST_* "
                 "settings across ranks?)");
@@ -180,10 +180,10 @@ std::string seconds_text(std::chrono::milliseconds ms) {
 
 void ShmGroup::check_health(int waiting_for, bool all, const std::string& what,
                             std::chrono::steady_clock::time_point start) {
-  const int64_t me = opts_.rank < static_cast<int>(opts_.group_ranks.size()) ? opts_.group_ranks[opts_.rank]
-                                                                            : opts_.rank;
-  const std::string where = "tpu_dist " + what + " in group '" + opts_.group_name + "' (rank " +
-                            std::to_string(me) + ")";
+  const int64_t me =
+      opts_.rank < static_cast<int>(opts_.group_ranks.size()) ? opts_.group_ranks[opts_.rank] : opts_.rank;
+  const std::string where =
+      "tpu_dist " + what + " in group '" + opts_.group_name + "' (rank " + std::to_string(me) + ")";
   for (int r = 0; r < opts_.size; ++r) {
     if (r == opts_.rank || (!all && r != waiting_for)) continue;
     Header& h = header(r);
@@ -253,7 +253,8 @@ void ShmGroup::wait_impl(int r, bool all, Ready ready, const std::string& what) 
 void ShmGroup::wait_rank(int r, uint64_t step, const std::string& what) {
   if (r == opts_.rank) return;
   Header& h = header(r);
-  wait_impl(r, /*all=*/true, [&] { return h.progress.load(std::memory_order_acquire) >= step; }, what);
+  wait_impl(
+      r, /*all=*/true, [&] { return h.progress.load(std::memory_order_acquire) >= step; }, what);
 }
 
 void ShmGroup::wait_all(uint64_t step, const std::string& what) {
@@ -284,9 +285,7 @@ char* ShmGroup::buffer(int r, int parity) const {
   return static_cast<char*>(segments_[r].data()) + buffers_offset_ + parity * opts_.buffer_bytes;
 }
 
-void ShmGroup::acquire_buffer(int parity, const std::string& what) {
-  wait_all(buffer_free_step_[parity], what);
-}
+void ShmGroup::acquire_buffer(int parity, const std::string& what) { wait_all(buffer_free_step_[parity], what); }
 
 void ShmGroup::release_buffer(int parity) { buffer_free_step_[parity] = step_; }
 
@@ -295,14 +294,14 @@ char* ShmGroup::mailbox(int sender, int receiver) const {
 }
 
 std::atomic<uint64_t>& ShmGroup::p2p_written(int sender, int receiver) const {
-  auto* c = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(segments_[sender].data()) +
-                                                     p2p_counters_offset_);
+  auto* c =
+      reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(segments_[sender].data()) + p2p_counters_offset_);
   return c[receiver];
 }
 
 std::atomic<uint64_t>& ShmGroup::p2p_read(int receiver, int sender) const {
-  auto* c = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(segments_[receiver].data()) +
-                                                     p2p_counters_offset_);
+  auto* c =
+      reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(segments_[receiver].data()) + p2p_counters_offset_);
   return c[opts_.size + sender];
 }
 

@@ -6,14 +6,13 @@
 // and a deadline, so a dead or stalled rank raises instead of hanging.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "distributed/shm.h"
@@ -25,13 +24,13 @@ constexpr int kMaxDims = 8;
 // What a rank says about the collective it enters; all ranks compare them.
 struct Descriptor {
   uint64_t seq = 0;
-  int32_t op = 0;      // OpKind
-  int32_t redop = 0;   // c10d::ReduceOp::RedOpType
-  int32_t dtype = 0;   // at::ScalarType
-  int32_t chip = -1;   // global chip id of the tensor, -1 for host tensors
-  int32_t host = 0;    // host id of the chip
+  int32_t op = 0;     // OpKind
+  int32_t redop = 0;  // c10d::ReduceOp::RedOpType
+  int32_t dtype = 0;  // at::ScalarType
+  int32_t chip = -1;  // global chip id of the tensor, -1 for host tensors
+  int32_t host = 0;   // host id of the chip
   int32_t ndim = 0;
-  int64_t numel = 0;   // elements that must agree across ranks (per op)
+  int64_t numel = 0;  // elements that must agree across ranks (per op)
   int64_t root = -1;
   int64_t tag = 0;
   int64_t sizes[kMaxDims] = {};
@@ -97,7 +96,7 @@ class ShmGroup {
   size_t mailbox_bytes() const { return opts_.p2p_bytes; }
   std::atomic<uint64_t>& p2p_written(int sender, int receiver) const;  // bytes ever written
   std::atomic<uint64_t>& p2p_read(int receiver, int sender) const;     // bytes ever consumed
-  void ring_doorbell();  // after changing our p2p counters
+  void ring_doorbell();                                                // after changing our p2p counters
   // Waits until `ready()` (re-checked whenever `r` rings its doorbell), checking r's health.
   void wait_for(int r, const std::function<bool()>& ready, const std::string& what);
 
@@ -114,16 +113,14 @@ class ShmGroup {
   Header& header(int r) const;
   // Throws DistBackendError if a rank in `ranks` (or all, when empty) failed,
   // left or died, or if `deadline` passed while waiting for `waiting_for`.
-  void check_health(int waiting_for, bool all, const std::string& what,
-                    std::chrono::steady_clock::time_point start);
+  void check_health(int waiting_for, bool all, const std::string& what, std::chrono::steady_clock::time_point start);
   // Marks this rank failed because of `culprit` and throws DistBackendError(where: cause).
   [[noreturn]] void raise(int culprit, const std::string& where, const std::string& cause);
   template <typename Ready>
   void wait_impl(int r, bool all, Ready ready, const std::string& what);
 
   Options opts_;
-  size_t counts_offset_ = 0, p2p_counters_offset_ = 0, buffers_offset_ = 0, mailboxes_offset_ = 0,
-         segment_bytes_ = 0;
+  size_t counts_offset_ = 0, p2p_counters_offset_ = 0, buffers_offset_ = 0, mailboxes_offset_ = 0, segment_bytes_ = 0;
   std::vector<ShmSegment> segments_;  // index = rank
   std::vector<ProcessId> pids_;
   uint64_t step_ = 0;

@@ -80,11 +80,9 @@ void ShmTransport::scatter(const Call& c, const std::vector<at::Tensor>& inputs,
   engine_.scatter(a, ptrs, output.data_ptr(), nbytes(output), root, c.what);
 }
 
-void ShmTransport::all_to_all(const Call& c, const at::Tensor& input, const at::Tensor& output,
-                              const Splits& splits) {
+void ShmTransport::all_to_all(const Call& c, const at::Tensor& input, const at::Tensor& output, const Splits& splits) {
   const Arrival a = arrive(c, static_cast<double>(splits.send_total), splits.counts.data());
-  engine_.all_to_all(a, c.seq, input.data_ptr(), splits.send_offsets, output.data_ptr(), splits.recv_offsets,
-                     c.what);
+  engine_.all_to_all(a, c.seq, input.data_ptr(), splits.send_offsets, output.data_ptr(), splits.recv_offsets, c.what);
 }
 
 void ShmTransport::barrier(const Call& c) { arrive(c, 0); }

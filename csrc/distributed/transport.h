@@ -52,11 +52,9 @@ class Transport {
   // Root: outputs[r] receives rank r's input. Others: `outputs` is empty.
   virtual void gather(const Call& c, const at::Tensor& input, const std::vector<at::Tensor>& outputs, int root) = 0;
   // Root: inputs[r] goes to rank r. Others: `inputs` is empty. Everyone: `output` receives its part.
-  virtual void scatter(const Call& c, const std::vector<at::Tensor>& inputs, const at::Tensor& output,
-                       int root) = 0;
+  virtual void scatter(const Call& c, const std::vector<at::Tensor>& inputs, const at::Tensor& output, int root) = 0;
   // `input` and `output`: byte tensors packed as `splits` says.
-  virtual void all_to_all(const Call& c, const at::Tensor& input, const at::Tensor& output,
-                          const Splits& splits) = 0;
+  virtual void all_to_all(const Call& c, const at::Tensor& input, const at::Tensor& output, const Splits& splits) = 0;
   virtual void barrier(const Call& c) = 0;
 
   // Point to point, on the peer's own thread; `what` names the transfer in errors.

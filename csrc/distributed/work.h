@@ -1,14 +1,13 @@
 // The Work objects of tpu_dist and the threads that complete them.
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Work.hpp>
-
 #include <condition_variable>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
 namespace torch_tpu::dist {

@@ -17,7 +17,7 @@ class CompileCache {
  public:
   struct Stats {
     uint64_t hits = 0;
-    uint64_t misses = 0;     // compilations
+    uint64_t misses = 0;  // compilations
     uint64_t evictions = 0;
     uint64_t entries = 0;
   };

@@ -118,8 +118,7 @@ bool single_run(const Nest& nest, int64_t start, int64_t n, int64_t* offset, int
 // Whether the flat range [start, start + n) is whole rows of the innermost
 // dimension (of length *row_len) that are consecutive along the next one;
 // then the first row starts at *offset and rows are *row_stride apart.
-bool whole_rows(const Nest& nest, int64_t start, int64_t n, int64_t* offset, int64_t* row_len,
-                int64_t* row_stride) {
+bool whole_rows(const Nest& nest, int64_t start, int64_t n, int64_t* offset, int64_t* row_len, int64_t* row_stride) {
   const size_t r = nest.size.size();
   const int64_t len = nest.size[r - 1];
   if (r < 2 || start % len != 0 || n % len != 0) return false;
@@ -223,9 +222,7 @@ void run_kernel(const KernelProgram& p, const std::vector<Buffer>& load_bufs, co
     materialize(s);
     return where[s];
   };
-  auto ptr = [&](const Operand& o) -> const void* {
-    return o.is_imm() || uniform[o.reg] ? nullptr : where[o.reg];
-  };
+  auto ptr = [&](const Operand& o) -> const void* { return o.is_imm() || uniform[o.reg] ? nullptr : where[o.reg]; };
   auto imm = [&](const Operand& o) { return !o.is_imm() && uniform[o.reg] ? uniform_value[o.reg] : o.imm; };
 
   std::vector<Access> loads, stores;
@@ -296,9 +293,12 @@ void run_kernel(const KernelProgram& p, const std::vector<Buffer>& load_bufs, co
             alignas(8) char value[8];
             tile::load(a.dtype, a.base + offset * a.esize, 0, value, 1);
             Imm& v = uniform_value[in.dst];
-            if (in.lane == Lane::kF32) v.f = *reinterpret_cast<float*>(value);
-            else if (in.lane == Lane::kF64) v.f = *reinterpret_cast<double*>(value);
-            else v.i = *reinterpret_cast<int64_t*>(value);
+            if (in.lane == Lane::kF32)
+              v.f = *reinterpret_cast<float*>(value);
+            else if (in.lane == Lane::kF64)
+              v.f = *reinterpret_cast<double*>(value);
+            else
+              v.i = *reinterpret_cast<int64_t*>(value);
             uniform[in.dst] = 1;
             uniform_lane[in.dst] = in.lane;
           } else if (stride == 1 && lane_bytes(in.lane) == a.esize &&
@@ -355,8 +355,10 @@ void run_kernel(const KernelProgram& p, const std::vector<Buffer>& load_bufs, co
             break;
           }
           for_each_run(reduce_nest, start, n, [&](int64_t off, int64_t pos, int64_t len, int64_t stride) {
-            if (stride == 0) tile::reduce_run(r.kind, r.lane, src + pos * lb, len, a + off * lb);
-            else tile::reduce_cols(r.kind, r.lane, src + pos * lb, a + off * lb, len);
+            if (stride == 0)
+              tile::reduce_run(r.kind, r.lane, src + pos * lb, len, a + off * lb);
+            else
+              tile::reduce_cols(r.kind, r.lane, src + pos * lb, a + off * lb, len);
           });
           break;
         }
@@ -390,18 +392,30 @@ void copy_buffer(const Buffer& src, const Buffer& dst) {
 
 const char* code_name(Code c) {
   switch (c) {
-    case Code::kLoad: return "load";
-    case Code::kFill: return "fill";
-    case Code::kUnary: return "unary";
-    case Code::kBinary: return "binary";
-    case Code::kBinaryPair: return "binary_pair";
-    case Code::kCompare: return "compare";
-    case Code::kSelect: return "select";
-    case Code::kConvert: return "convert";
-    case Code::kWrap: return "wrap";
-    case Code::kPowConst: return "power_const";
-    case Code::kStore: return "store";
-    case Code::kReduce: return "reduce";
+    case Code::kLoad:
+      return "load";
+    case Code::kFill:
+      return "fill";
+    case Code::kUnary:
+      return "unary";
+    case Code::kBinary:
+      return "binary";
+    case Code::kBinaryPair:
+      return "binary_pair";
+    case Code::kCompare:
+      return "compare";
+    case Code::kSelect:
+      return "select";
+    case Code::kConvert:
+      return "convert";
+    case Code::kWrap:
+      return "wrap";
+    case Code::kPowConst:
+      return "power_const";
+    case Code::kStore:
+      return "store";
+    case Code::kReduce:
+      return "reduce";
   }
   return "?";
 }
@@ -409,8 +423,10 @@ const char* code_name(Code c) {
 std::string operand_str(const Operand& o, Lane lane) {
   if (!o.is_imm()) return "s" + std::to_string(o.reg);
   std::ostringstream s;
-  if (lane == Lane::kF32 || lane == Lane::kF64) s << o.imm.f;
-  else s << o.imm.i;
+  if (lane == Lane::kF32 || lane == Lane::kF64)
+    s << o.imm.f;
+  else
+    s << o.imm.i;
   return s.str();
 }
 
@@ -440,8 +456,8 @@ std::string CompiledRegion::describe() const {
       if (in.code == Code::kPowConst) out << " ^" << in.exponent;
       out << " " << lane_name(in.lane);
       if (in.code == Code::kLoad) {
-        out << " %" << p.loads[in.io].value << " map " << ir::shape_str(std::vector<int64_t>(
-                                                             p.loads[in.io].map.begin(), p.loads[in.io].map.end()));
+        out << " %" << p.loads[in.io].value << " map "
+            << ir::shape_str(std::vector<int64_t>(p.loads[in.io].map.begin(), p.loads[in.io].map.end()));
       } else if (in.code == Code::kFill) {
         out << " " << operand_str(in.a, in.lane);
       } else {
@@ -455,8 +471,10 @@ std::string CompiledRegion::describe() const {
           if (in.code == Code::kBinaryPair) out << ", " << operand_str(in.c, ol);
         }
       }
-      if (in.code == Code::kStore || in.code == Code::kReduce) out << " -> %" << in.value;
-      else out << " -> s" << in.dst << " (%" << in.value << ")";
+      if (in.code == Code::kStore || in.code == Code::kReduce)
+        out << " -> %" << in.value;
+      else
+        out << " -> s" << in.dst << " (%" << in.value << ")";
       out << "\n";
     }
   }
@@ -481,8 +499,10 @@ CompiledRegion compile(const ir::Graph& g, const CompileOptions& options) {
   r.temp_offset_.assign(n, -1);
   for (size_t j = 0; j < graph.outputs().size(); ++j) {
     ValueId v = graph.outputs()[j];
-    if (r.plan_.writer[v] >= 0 && r.output_home_[v] < 0) r.output_home_[v] = static_cast<int32_t>(j);
-    else r.output_copies_.push_back({v, static_cast<int32_t>(j)});
+    if (r.plan_.writer[v] >= 0 && r.output_home_[v] < 0)
+      r.output_home_[v] = static_cast<int32_t>(j);
+    else
+      r.output_copies_.push_back({v, static_cast<int32_t>(j)});
   }
   auto base_of = [&](ValueId v) {
     while (graph.op(v).kind == OpKind::kReshape) v = graph.op(v).operands[0];
@@ -569,8 +589,7 @@ void run(const CompiledRegion& region, const std::vector<Buffer>& inputs, const 
   auto get = [&](ValueId v, auto& self) -> const Buffer& {
     if (have[v]) return buf[v];
     const ir::Op& op = g.op(v);
-    if (op.kind != OpKind::kReshape)
-      throw std::logic_error("[run] value %" + std::to_string(v) + " has no memory");
+    if (op.kind != OpKind::kReshape) throw std::logic_error("[run] value %" + std::to_string(v) + " has no memory");
     const Buffer& base = self(op.operands[0], self);
     void* data = base.data;
     if (!base.is_contiguous()) {

@@ -55,7 +55,7 @@ class CompiledRegion {
   CompiledRegion(CompiledRegion&&) noexcept;
   CompiledRegion& operator=(CompiledRegion&&) noexcept;
 
-  const ir::Graph& graph() const { return graph_; }      // after the passes
+  const ir::Graph& graph() const { return graph_; }  // after the passes
   const ir::FusionPlan& plan() const { return plan_; }
   int64_t num_kernels() const { return static_cast<int64_t>(plan_.kernels.size()); }
   const std::vector<ir::TensorType>& input_types() const { return input_types_; }
@@ -72,8 +72,8 @@ class CompiledRegion {
   ir::FusionPlan plan_;
   std::vector<ir::TensorType> input_types_, output_types_;
   std::vector<KernelProgram> programs_;
-  std::vector<int64_t> temp_offset_;   // per value: byte offset in the temp arena, or -1
-  std::vector<int32_t> output_home_;   // per value: output index it is computed into, or -1
+  std::vector<int64_t> temp_offset_;                            // per value: byte offset in the temp arena, or -1
+  std::vector<int32_t> output_home_;                            // per value: output index it is computed into, or -1
   std::vector<std::pair<ir::ValueId, int32_t>> output_copies_;  // (value, output) copied at the end
   int64_t temp_bytes_ = 0;
 };

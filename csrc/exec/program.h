@@ -20,25 +20,36 @@ struct Operand {
 };
 
 enum class Code : uint8_t {
-  kLoad, kFill, kUnary, kBinary, kBinaryPair, kCompare, kSelect, kConvert, kWrap, kPowConst, kStore, kReduce
+  kLoad,
+  kFill,
+  kUnary,
+  kBinary,
+  kBinaryPair,
+  kCompare,
+  kSelect,
+  kConvert,
+  kWrap,
+  kPowConst,
+  kStore,
+  kReduce
 };
 
 struct Instr {
   explicit Instr(Code what) : code(what) {}
   Code code;
   ir::OpKind op = ir::OpKind::kAdd;
-  ir::OpKind op2 = ir::OpKind::kAdd;    // kBinaryPair: dst = (a op b) op2 c
+  ir::OpKind op2 = ir::OpKind::kAdd;  // kBinaryPair: dst = (a op b) op2 c
   ir::CompareDirection dir = ir::CompareDirection::EQ;
-  Lane lane = Lane::kF32;       // of the result (compare: of the operands)
-  Lane src_lane = Lane::kF32;   // convert
+  Lane lane = Lane::kF32;      // of the result (compare: of the operands)
+  Lane src_lane = Lane::kF32;  // convert
   ir::ElementType dtype = ir::ElementType::f32;
   ir::ElementType src_dtype = ir::ElementType::f32;
   int32_t dst = -1;
   Operand a, b, c;
-  int32_t io = -1;              // load / store / reduce index
-  double exponent = 0.0;        // kPowConst
-  int32_t direct_store = -1;    // compute op: the store it may write straight into
-  ir::ValueId value = -1;           // the IR value computed (for describe())
+  int32_t io = -1;            // load / store / reduce index
+  double exponent = 0.0;      // kPowConst
+  int32_t direct_store = -1;  // compute op: the store it may write straight into
+  ir::ValueId value = -1;     // the IR value computed (for describe())
 };
 
 struct LoadDesc {

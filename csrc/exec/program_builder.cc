@@ -21,8 +21,10 @@ bool narrow_int(ElementType t) { return t == ElementType::s32 || t == ElementTyp
 
 Imm imm_of(const ir::Scalar& s, ElementType t) {
   Imm v;
-  if (ir::is_float(t)) v.f = ir::round_to_type(s.f, t);
-  else v.i = ir::wrap_to_type(s.i, t);
+  if (ir::is_float(t))
+    v.f = ir::round_to_type(s.f, t);
+  else
+    v.i = ir::wrap_to_type(s.i, t);
   return v;
 }
 
@@ -289,8 +291,8 @@ class ProgramBuilder {
         if (d < 0) continue;
         Instr& di = p_.instrs[d];
         bool computes = di.code == Code::kUnary || di.code == Code::kBinary || di.code == Code::kBinaryPair ||
-                        di.code == Code::kCompare ||
-                        di.code == Code::kSelect || di.code == Code::kConvert || di.code == Code::kPowConst;
+                        di.code == Code::kCompare || di.code == Code::kSelect || di.code == Code::kConvert ||
+                        di.code == Code::kPowConst;
         if (computes && di.direct_store < 0) {
           di.direct_store = in.io;
           p_.stores[in.io].def = d;

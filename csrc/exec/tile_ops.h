@@ -19,8 +19,8 @@ int64_t lane_bytes(Lane l);
 const char* lane_name(Lane l);
 
 struct Imm {
-  double f = 0.0;   // for float lanes
-  int64_t i = 0;    // for int64 and pred lanes
+  double f = 0.0;  // for float lanes
+  int64_t i = 0;   // for int64 and pred lanes
 };
 
 namespace tile {
@@ -54,8 +54,7 @@ void store(ir::ElementType dtype, void* dst, int64_t stride, const void* src, in
 
 // Rows of a tile: dst[k * row_len + j] = src[k * src_stride] (one value of
 // `dtype` per row, broadcast along it) for k < rows, j < row_len.
-void expand_rows(ir::ElementType dtype, const void* src, int64_t src_stride, int64_t rows, int64_t row_len,
-                 void* dst);
+void expand_rows(ir::ElementType dtype, const void* src, int64_t src_stride, int64_t rows, int64_t row_len, void* dst);
 
 // *acc = combine(*acc, reduction of src[0..n)).
 void reduce_run(ir::ReduceKind kind, Lane lane, const void* src, int64_t n, void* acc);

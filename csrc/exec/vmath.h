@@ -151,7 +151,7 @@ VMATH_INLINE float erf(float a) {
 constexpr float kTrigLimit = 8192.0f;
 
 VMATH_INLINE void trig_reduce(float ax, float* r, int32_t* j) {
-  const float axc = ax <= kTrigLimit ? ax : 0.0f;  // also NaN -> 0
+  const float axc = ax <= kTrigLimit ? ax : 0.0f;             // also NaN -> 0
   int32_t q = static_cast<int32_t>(axc * 1.27323954473516f);  // 4/pi
   q = (q + 1) & ~1;
   const float y = static_cast<float>(q);

@@ -9,8 +9,8 @@ namespace torch_tpu::ir {
 ValueId Builder::append(OpKind kind, std::vector<ValueId> operands, TensorType type, Attributes attrs) {
   for (ValueId v : operands)
     if (v < 0 || v >= graph_.num_ops())
-      throw std::invalid_argument(std::string("[") + op_name(kind) + "] operand %" +
-                                  std::to_string(v) + " is not defined");
+      throw std::invalid_argument(std::string("[") + op_name(kind) + "] operand %" + std::to_string(v) +
+                                  " is not defined");
   std::string e = check_op(graph_, kind, operands, type, attrs);
   if (!e.empty()) throw std::invalid_argument(e);
   return graph_.add_op(kind, std::move(operands), std::move(type), std::move(attrs));
@@ -28,8 +28,10 @@ ValueId Builder::constant(double value, ElementType dtype, Shape shape) {
 
 ValueId Builder::constant_int(int64_t value, ElementType dtype, Shape shape) {
   Attributes a;
-  if (is_float(dtype)) a.value.f = static_cast<double>(value);
-  else a.value.i = is_pred(dtype) ? (value != 0) : value;
+  if (is_float(dtype))
+    a.value.f = static_cast<double>(value);
+  else
+    a.value.i = is_pred(dtype) ? (value != 0) : value;
   return append(OpKind::kConstant, {}, TensorType{dtype, std::move(shape)}, a);
 }
 
@@ -84,26 +86,43 @@ Scalar reduce_identity(ReduceKind kind, ElementType dtype) {
   Scalar s;
   bool f = is_float(dtype);
   switch (kind) {
-    case ReduceKind::kSum: break;
-    case ReduceKind::kProd: s.f = 1.0; s.i = 1; break;
+    case ReduceKind::kSum:
+      break;
+    case ReduceKind::kProd:
+      s.f = 1.0;
+      s.i = 1;
+      break;
     case ReduceKind::kMax:
-      if (f) s.f = -std::numeric_limits<double>::infinity();
-      else if (dtype == ElementType::s64) s.i = std::numeric_limits<int64_t>::min();
-      else if (dtype == ElementType::s32) s.i = std::numeric_limits<int32_t>::min();
-      else if (dtype == ElementType::s8) s.i = -128;
-      else s.i = 0;  // u8, pred
+      if (f)
+        s.f = -std::numeric_limits<double>::infinity();
+      else if (dtype == ElementType::s64)
+        s.i = std::numeric_limits<int64_t>::min();
+      else if (dtype == ElementType::s32)
+        s.i = std::numeric_limits<int32_t>::min();
+      else if (dtype == ElementType::s8)
+        s.i = -128;
+      else
+        s.i = 0;  // u8, pred
       break;
     case ReduceKind::kMin:
-      if (f) s.f = std::numeric_limits<double>::infinity();
-      else if (dtype == ElementType::s64) s.i = std::numeric_limits<int64_t>::max();
-      else if (dtype == ElementType::s32) s.i = std::numeric_limits<int32_t>::max();
-      else if (dtype == ElementType::s8) s.i = 127;
-      else if (dtype == ElementType::u8) s.i = 255;
-      else s.i = 1;  // pred
+      if (f)
+        s.f = std::numeric_limits<double>::infinity();
+      else if (dtype == ElementType::s64)
+        s.i = std::numeric_limits<int64_t>::max();
+      else if (dtype == ElementType::s32)
+        s.i = std::numeric_limits<int32_t>::max();
+      else if (dtype == ElementType::s8)
+        s.i = 127;
+      else if (dtype == ElementType::u8)
+        s.i = 255;
+      else
+        s.i = 1;  // pred
       break;
   }
-  if (!f) s.f = 0.0;
-  else s.i = 0;
+  if (!f)
+    s.f = 0.0;
+  else
+    s.i = 0;
   return s;
 }
 

@@ -50,7 +50,7 @@ class Builder {
   ValueId select(ValueId pred, ValueId on_true, ValueId on_false);
 
   // Generic forms (for a recorder that maps ATen ops to OpKinds).
-  ValueId unary(OpKind kind, ValueId a);      // any unary elementwise op but convert
+  ValueId unary(OpKind kind, ValueId a);              // any unary elementwise op but convert
   ValueId binary(OpKind kind, ValueId a, ValueId b);  // any binary op but compare
 
   // StableHLO broadcast_in_dim: operand dim i becomes result dim dims[i]
@@ -62,8 +62,7 @@ class Builder {
   ValueId reshape(ValueId a, Shape shape);
   // Reduces over `dims` (any order, made sorted). Without `init`, the
   // identity of the kind: 0, 1, -inf / lowest, +inf / highest.
-  ValueId reduce(ValueId a, ReduceKind kind, std::vector<int64_t> dims,
-                 std::optional<double> init = std::nullopt);
+  ValueId reduce(ValueId a, ReduceKind kind, std::vector<int64_t> dims, std::optional<double> init = std::nullopt);
   ValueId reduce_sum(ValueId a, std::vector<int64_t> dims) { return reduce(a, ReduceKind::kSum, std::move(dims)); }
   ValueId reduce_max(ValueId a, std::vector<int64_t> dims) { return reduce(a, ReduceKind::kMax, std::move(dims)); }
 

@@ -96,7 +96,8 @@ class Planner {
         if (r.size() < 2 && std::find(r.begin(), r.end(), x) == r.end()) r.push_back(x);
       };
       for (ValueId u : users_[v]) {
-        if (realized_[u]) add(u);
+        if (realized_[u])
+          add(u);
         else
           for (ValueId x : roots[u]) add(x);
       }
@@ -150,7 +151,8 @@ class Planner {
       c.iteration_shape = op.type.shape;
     }
     std::set<std::pair<ValueId, DimMap>> seen;
-    std::vector<std::pair<ValueId, DimMap>> stack{{start, identity_map(static_cast<int64_t>(c.iteration_shape.size()))}};
+    std::vector<std::pair<ValueId, DimMap>> stack{
+        {start, identity_map(static_cast<int64_t>(c.iteration_shape.size()))}};
     while (!stack.empty()) {
       auto [x, map] = stack.back();
       stack.pop_back();
@@ -346,8 +348,7 @@ std::string FusionPlan::to_string(const Graph& g) const {
     std::string names;
     for (ValueId v : k.ops) names += std::string(" ") + op_name(g.op(v).kind);
     out << " (" << names.substr(names.empty() ? 0 : 1) << ")";
-    out << "; reads " << ids(k.reads) << "; writes " << ids(k.writes) << "; internal " << ids(k.internal)
-        << "\n";
+    out << "; reads " << ids(k.reads) << "; writes " << ids(k.writes) << "; internal " << ids(k.internal) << "\n";
   }
   if (!views.empty()) out << "views " << ids(views) << "\n";
   return out.str();

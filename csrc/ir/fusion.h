@@ -38,8 +38,8 @@ struct FusionOptions {
 };
 
 struct FusedKernel {
-  Shape iteration_shape;          // result shape, or the reduced operand's shape
-  std::vector<ValueId> reduces;   // reduce ops ending the kernel (same dimensions)
+  Shape iteration_shape;         // result shape, or the reduced operand's shape
+  std::vector<ValueId> reduces;  // reduce ops ending the kernel (same dimensions)
   std::vector<int64_t> reduce_dimensions;
   std::vector<ValueId> ops;       // every op evaluated (topological), reduces included
   std::vector<ValueId> reads;     // realized values loaded from memory

@@ -17,9 +17,7 @@ Scalar Scalar::of(double value, ElementType t) {
   return s;
 }
 
-bool Scalar::operator==(const Scalar& o) const {
-  return std::memcmp(&f, &o.f, sizeof f) == 0 && i == o.i;
-}
+bool Scalar::operator==(const Scalar& o) const { return std::memcmp(&f, &o.f, sizeof f) == 0 && i == o.i; }
 
 bool Attributes::operator==(const Attributes& o) const {
   return parameter_index == o.parameter_index && value == o.value && direction == o.direction &&
@@ -28,74 +26,115 @@ bool Attributes::operator==(const Attributes& o) const {
 
 const char* op_name(OpKind kind) {
   switch (kind) {
-    case OpKind::kParameter: return "parameter";
-    case OpKind::kConstant: return "constant";
-    case OpKind::kNegate: return "negate";
-    case OpKind::kAbs: return "abs";
-    case OpKind::kExponential: return "exponential";
-    case OpKind::kLog: return "log";
-    case OpKind::kLogPlusOne: return "log_plus_one";
-    case OpKind::kExponentialMinusOne: return "exponential_minus_one";
-    case OpKind::kTanh: return "tanh";
-    case OpKind::kLogistic: return "logistic";
-    case OpKind::kSqrt: return "sqrt";
-    case OpKind::kRsqrt: return "rsqrt";
-    case OpKind::kSine: return "sine";
-    case OpKind::kCosine: return "cosine";
-    case OpKind::kErf: return "erf";
-    case OpKind::kFloor: return "floor";
-    case OpKind::kCeil: return "ceil";
-    case OpKind::kSign: return "sign";
-    case OpKind::kNot: return "not";
-    case OpKind::kConvert: return "convert";
-    case OpKind::kAdd: return "add";
-    case OpKind::kSubtract: return "subtract";
-    case OpKind::kMultiply: return "multiply";
-    case OpKind::kDivide: return "divide";
-    case OpKind::kMaximum: return "maximum";
-    case OpKind::kMinimum: return "minimum";
-    case OpKind::kPower: return "power";
-    case OpKind::kAnd: return "and";
-    case OpKind::kOr: return "or";
-    case OpKind::kCompare: return "compare";
-    case OpKind::kSelect: return "select";
-    case OpKind::kBroadcastInDim: return "broadcast_in_dim";
-    case OpKind::kReshape: return "reshape";
-    case OpKind::kReduce: return "reduce";
+    case OpKind::kParameter:
+      return "parameter";
+    case OpKind::kConstant:
+      return "constant";
+    case OpKind::kNegate:
+      return "negate";
+    case OpKind::kAbs:
+      return "abs";
+    case OpKind::kExponential:
+      return "exponential";
+    case OpKind::kLog:
+      return "log";
+    case OpKind::kLogPlusOne:
+      return "log_plus_one";
+    case OpKind::kExponentialMinusOne:
+      return "exponential_minus_one";
+    case OpKind::kTanh:
+      return "tanh";
+    case OpKind::kLogistic:
+      return "logistic";
+    case OpKind::kSqrt:
+      return "sqrt";
+    case OpKind::kRsqrt:
+      return "rsqrt";
+    case OpKind::kSine:
+      return "sine";
+    case OpKind::kCosine:
+      return "cosine";
+    case OpKind::kErf:
+      return "erf";
+    case OpKind::kFloor:
+      return "floor";
+    case OpKind::kCeil:
+      return "ceil";
+    case OpKind::kSign:
+      return "sign";
+    case OpKind::kNot:
+      return "not";
+    case OpKind::kConvert:
+      return "convert";
+    case OpKind::kAdd:
+      return "add";
+    case OpKind::kSubtract:
+      return "subtract";
+    case OpKind::kMultiply:
+      return "multiply";
+    case OpKind::kDivide:
+      return "divide";
+    case OpKind::kMaximum:
+      return "maximum";
+    case OpKind::kMinimum:
+      return "minimum";
+    case OpKind::kPower:
+      return "power";
+    case OpKind::kAnd:
+      return "and";
+    case OpKind::kOr:
+      return "or";
+    case OpKind::kCompare:
+      return "compare";
+    case OpKind::kSelect:
+      return "select";
+    case OpKind::kBroadcastInDim:
+      return "broadcast_in_dim";
+    case OpKind::kReshape:
+      return "reshape";
+    case OpKind::kReduce:
+      return "reduce";
   }
   return "unknown";
 }
 
 const char* direction_name(CompareDirection d) {
   switch (d) {
-    case CompareDirection::EQ: return "EQ";
-    case CompareDirection::NE: return "NE";
-    case CompareDirection::LT: return "LT";
-    case CompareDirection::LE: return "LE";
-    case CompareDirection::GT: return "GT";
-    case CompareDirection::GE: return "GE";
+    case CompareDirection::EQ:
+      return "EQ";
+    case CompareDirection::NE:
+      return "NE";
+    case CompareDirection::LT:
+      return "LT";
+    case CompareDirection::LE:
+      return "LE";
+    case CompareDirection::GT:
+      return "GT";
+    case CompareDirection::GE:
+      return "GE";
   }
   return "?";
 }
 
 const char* reduce_kind_name(ReduceKind k) {
   switch (k) {
-    case ReduceKind::kSum: return "sum";
-    case ReduceKind::kMax: return "max";
-    case ReduceKind::kMin: return "min";
-    case ReduceKind::kProd: return "prod";
+    case ReduceKind::kSum:
+      return "sum";
+    case ReduceKind::kMax:
+      return "max";
+    case ReduceKind::kMin:
+      return "min";
+    case ReduceKind::kProd:
+      return "prod";
   }
   return "?";
 }
 
 bool is_unary_elementwise(OpKind k) { return k >= OpKind::kNegate && k <= OpKind::kConvert; }
 bool is_binary_elementwise(OpKind k) { return k >= OpKind::kAdd && k <= OpKind::kCompare; }
-bool is_elementwise(OpKind k) {
-  return is_unary_elementwise(k) || is_binary_elementwise(k) || k == OpKind::kSelect;
-}
+bool is_elementwise(OpKind k) { return is_unary_elementwise(k) || is_binary_elementwise(k) || k == OpKind::kSelect; }
 bool is_fusible(OpKind k) {
-  return is_elementwise(k) || k == OpKind::kConstant || k == OpKind::kBroadcastInDim ||
-         k == OpKind::kReduce;
+  return is_elementwise(k) || k == OpKind::kConstant || k == OpKind::kBroadcastInDim || k == OpKind::kReduce;
 }
 bool is_transcendental(OpKind k) {
   switch (k) {
@@ -142,12 +181,11 @@ std::string err(OpKind k, const std::string& msg) { return std::string("[") + op
 
 }  // namespace
 
-std::string check_op(const Graph& g, OpKind kind, const std::vector<ValueId>& operands,
-                     const TensorType& type, const Attributes& attrs) {
+std::string check_op(const Graph& g, OpKind kind, const std::vector<ValueId>& operands, const TensorType& type,
+                     const Attributes& attrs) {
   auto arity = [&](size_t n) -> std::string {
     if (operands.size() != n)
-      return err(kind, "expects " + std::to_string(n) + " operands, got " +
-                           std::to_string(operands.size()));
+      return err(kind, "expects " + std::to_string(n) + " operands, got " + std::to_string(operands.size()));
     return "";
   };
   for (int64_t d : type.shape)
@@ -161,10 +199,8 @@ std::string check_op(const Graph& g, OpKind kind, const std::vector<ValueId>& op
       return "";
     }
     if (a != type) return err(kind, "result " + type.str() + " differs from operand " + a.str());
-    if (float_only(kind) && !is_float(a.dtype))
-      return err(kind, "needs a floating-point operand, got " + a.str());
-    if (kind == OpKind::kNot && is_float(a.dtype))
-      return err(kind, "needs a pred or integer operand, got " + a.str());
+    if (float_only(kind) && !is_float(a.dtype)) return err(kind, "needs a floating-point operand, got " + a.str());
+    if (kind == OpKind::kNot && is_float(a.dtype)) return err(kind, "needs a pred or integer operand, got " + a.str());
     if ((kind == OpKind::kNegate || kind == OpKind::kAbs || kind == OpKind::kSign) && is_pred(a.dtype))
       return err(kind, "not defined on pred");
     return "";
@@ -210,8 +246,7 @@ std::string check_op(const Graph& g, OpKind kind, const std::vector<ValueId>& op
         return err(kind, "dimension " + std::to_string(d) + " out of range or repeated for " + type.str());
       used[d] = true;
       if (a.shape[i] != 1 && a.shape[i] != type.shape[d])
-        return err(kind, "operand " + a.str() + " dim " + std::to_string(i) +
-                             " does not broadcast to " + type.str());
+        return err(kind, "operand " + a.str() + " dim " + std::to_string(i) + " does not broadcast to " + type.str());
     }
     return "";
   }
@@ -225,8 +260,7 @@ std::string check_op(const Graph& g, OpKind kind, const std::vector<ValueId>& op
   if (kind == OpKind::kReduce) {
     if (auto e = arity(1); !e.empty()) return e;
     const TensorType& a = g.type(operands[0]);
-    if ((attrs.reduce_kind == ReduceKind::kSum || attrs.reduce_kind == ReduceKind::kProd) &&
-        is_pred(a.dtype))
+    if ((attrs.reduce_kind == ReduceKind::kSum || attrs.reduce_kind == ReduceKind::kProd) && is_pred(a.dtype))
       return err(kind, std::string(reduce_kind_name(attrs.reduce_kind)) + " not defined on pred");
     Shape expect;
     std::vector<bool> reduced(a.shape.size(), false);
@@ -248,8 +282,8 @@ std::string check_op(const Graph& g, OpKind kind, const std::vector<ValueId>& op
 ValueId Graph::add_op(OpKind kind, std::vector<ValueId> operands, TensorType type, Attributes attrs) {
   for (ValueId v : operands)
     if (v < 0 || v >= num_ops())
-      throw std::invalid_argument(std::string("[") + op_name(kind) + "] operand %" +
-                                  std::to_string(v) + " is not defined");
+      throw std::invalid_argument(std::string("[") + op_name(kind) + "] operand %" + std::to_string(v) +
+                                  " is not defined");
   if (kind == OpKind::kParameter) {
     attrs.parameter_index = static_cast<int64_t>(parameters_.size());
     parameters_.push_back(static_cast<ValueId>(ops_.size()));
@@ -259,8 +293,7 @@ ValueId Graph::add_op(OpKind kind, std::vector<ValueId> operands, TensorType typ
 }
 
 void Graph::add_output(ValueId v) {
-  if (v < 0 || v >= num_ops())
-    throw std::invalid_argument("[output] value %" + std::to_string(v) + " is not defined");
+  if (v < 0 || v >= num_ops()) throw std::invalid_argument("[output] value %" + std::to_string(v) + " is not defined");
   outputs_.push_back(v);
 }
 
@@ -275,8 +308,8 @@ void Graph::verify() const {
     const Op& op = ops_[i];
     for (ValueId v : op.operands)
       if (v < 0 || static_cast<size_t>(v) >= i)
-        throw std::invalid_argument(std::string("[") + op_name(op.kind) + "] %" + std::to_string(i) +
-                                    " uses %" + std::to_string(v) + " before its definition");
+        throw std::invalid_argument(std::string("[") + op_name(op.kind) + "] %" + std::to_string(i) + " uses %" +
+                                    std::to_string(v) + " before its definition");
     if (op.kind == OpKind::kParameter) {
       if (op.attrs.parameter_index != next_param ||
           parameters_.at(static_cast<size_t>(next_param)) != static_cast<ValueId>(i))

@@ -73,12 +73,12 @@ struct Scalar {
 };
 
 struct Attributes {
-  int64_t parameter_index = -1;            // kParameter
-  Scalar value;                            // kConstant
+  int64_t parameter_index = -1;                       // kParameter
+  Scalar value;                                       // kConstant
   CompareDirection direction = CompareDirection::EQ;  // kCompare
-  std::vector<int64_t> dimensions;         // kBroadcastInDim, kReduce (sorted)
-  ReduceKind reduce_kind = ReduceKind::kSum;  // kReduce
-  Scalar init;                             // kReduce: the init value
+  std::vector<int64_t> dimensions;                    // kBroadcastInDim, kReduce (sorted)
+  ReduceKind reduce_kind = ReduceKind::kSum;          // kReduce
+  Scalar init;                                        // kReduce: the init value
   bool operator==(const Attributes& o) const;
 };
 
@@ -131,7 +131,7 @@ bool is_transcendental(OpKind k);
 
 // Checks the types of one op given its operand types; returns an error
 // message starting with "[op_name]", or "" when it is well formed.
-std::string check_op(const Graph& g, OpKind kind, const std::vector<ValueId>& operands,
-                     const TensorType& type, const Attributes& attrs);
+std::string check_op(const Graph& g, OpKind kind, const std::vector<ValueId>& operands, const TensorType& type,
+                     const Attributes& attrs);
 
 }  // namespace torch_tpu::ir

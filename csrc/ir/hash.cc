@@ -88,8 +88,7 @@ bool structurally_equal(const Graph& a, const Graph& b) {
   for (size_t i = 0; i < oa.size(); ++i) {
     const Op& x = a.op(oa[i]);
     const Op& y = b.op(ob[i]);
-    if (x.kind != y.kind || x.type != y.type || !(x.attrs == y.attrs) ||
-        x.operands.size() != y.operands.size())
+    if (x.kind != y.kind || x.type != y.type || !(x.attrs == y.attrs) || x.operands.size() != y.operands.size())
       return false;
     for (size_t k = 0; k < x.operands.size(); ++k)
       if (pa[x.operands[k]] != pb[y.operands[k]]) return false;

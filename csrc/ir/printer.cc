@@ -77,10 +77,14 @@ const char* compare_type(ElementType t) {
 
 const char* reduce_body(ReduceKind k) {
   switch (k) {
-    case ReduceKind::kSum: return "stablehlo.add";
-    case ReduceKind::kMax: return "stablehlo.maximum";
-    case ReduceKind::kMin: return "stablehlo.minimum";
-    case ReduceKind::kProd: return "stablehlo.multiply";
+    case ReduceKind::kSum:
+      return "stablehlo.add";
+    case ReduceKind::kMax:
+      return "stablehlo.maximum";
+    case ReduceKind::kMin:
+      return "stablehlo.minimum";
+    case ReduceKind::kProd:
+      return "stablehlo.multiply";
   }
   return "?";
 }
@@ -121,8 +125,8 @@ std::string to_stablehlo(const Graph& g, const std::string& function_name) {
           << "> : " << mlir_tensor_type(scalar) << "\n";
       name[v] = fresh();
       out << "  " << name[v] << " = stablehlo.reduce(" << arg(0) << " init: " << init << ") applies "
-          << reduce_body(op.attrs.reduce_kind) << " across dimensions = " << dims_list(op.attrs.dimensions)
-          << " : (" << argty(0) << ", " << mlir_tensor_type(scalar) << ") -> " << ty << "\n";
+          << reduce_body(op.attrs.reduce_kind) << " across dimensions = " << dims_list(op.attrs.dimensions) << " : ("
+          << argty(0) << ", " << mlir_tensor_type(scalar) << ") -> " << ty << "\n";
       continue;
     }
     name[v] = fresh();
@@ -139,17 +143,15 @@ std::string to_stablehlo(const Graph& g, const std::string& function_name) {
         out << "stablehlo." << op_name(op.kind) << " " << arg(0) << " : (" << argty(0) << ") -> " << ty;
         break;
       case OpKind::kBroadcastInDim:
-        out << "stablehlo.broadcast_in_dim " << arg(0) << ", dims = " << dims_list(op.attrs.dimensions)
-            << " : (" << argty(0) << ") -> " << ty;
+        out << "stablehlo.broadcast_in_dim " << arg(0) << ", dims = " << dims_list(op.attrs.dimensions) << " : ("
+            << argty(0) << ") -> " << ty;
         break;
       case OpKind::kCompare:
-        out << "stablehlo.compare  " << direction_name(op.attrs.direction) << ", " << arg(0) << ", " << arg(1)
-            << ",  " << compare_type(g.type(op.operands[0]).dtype) << " : (" << argty(0) << ", " << argty(1)
-            << ") -> " << ty;
+        out << "stablehlo.compare  " << direction_name(op.attrs.direction) << ", " << arg(0) << ", " << arg(1) << ",  "
+            << compare_type(g.type(op.operands[0]).dtype) << " : (" << argty(0) << ", " << argty(1) << ") -> " << ty;
         break;
       case OpKind::kSelect:
-        out << "stablehlo.select " << arg(0) << ", " << arg(1) << ", " << arg(2) << " : " << argty(0) << ", "
-            << ty;
+        out << "stablehlo.select " << arg(0) << ", " << arg(1) << ", " << arg(2) << " : " << argty(0) << ", " << ty;
         break;
       default:
         if (is_unary_elementwise(op.kind)) {

@@ -20,8 +20,7 @@ const char* element_type_name(ElementType t);  // "f32", "bf16", ..., "pred"
 const char* mlir_type_name(ElementType t);     // "f32", "bf16", ..., "i1"
 int64_t element_size(ElementType t);           // bytes in memory; pred is one byte (0/1)
 inline bool is_float(ElementType t) {
-  return t == ElementType::f32 || t == ElementType::bf16 || t == ElementType::f16 ||
-         t == ElementType::f64;
+  return t == ElementType::f32 || t == ElementType::bf16 || t == ElementType::f16 || t == ElementType::f64;
 }
 inline bool is_pred(ElementType t) { return t == ElementType::pred; }
 

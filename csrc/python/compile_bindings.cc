@@ -136,34 +136,47 @@ void register_compile_bindings(py::module_& parent) {
       .def("__repr__", [](const ValueRef& v) { return "%" + std::to_string(v.id); });
   py::class_<ProgramRegion>(m, "Region")
       .def(py::init<>())
-      .def("parameter", [](ProgramRegion& r, py::handle dtype, std::vector<int64_t> shape) {
-        return r.parameter(scalar_type_of(dtype), std::move(shape));
-      }, py::arg("dtype"), py::arg("shape"))
+      .def(
+          "parameter",
+          [](ProgramRegion& r, py::handle dtype, std::vector<int64_t> shape) {
+            return r.parameter(scalar_type_of(dtype), std::move(shape));
+          },
+          py::arg("dtype"), py::arg("shape"))
       .def("lower", &lower, py::arg("name"), py::arg("overload"), py::arg("args"), py::arg("kwargs"),
            py::arg("out_types"))
-      .def("constant", [](ProgramRegion& r, double value, py::handle dtype, std::vector<int64_t> shape) {
-        return r.constant(value, scalar_type_of(dtype), std::move(shape));
-      }, py::arg("value"), py::arg("dtype"), py::arg("shape"))
+      .def(
+          "constant",
+          [](ProgramRegion& r, double value, py::handle dtype, std::vector<int64_t> shape) {
+            return r.constant(value, scalar_type_of(dtype), std::move(shape));
+          },
+          py::arg("value"), py::arg("dtype"), py::arg("shape"))
       .def("finish", &ProgramRegion::finish)
       .def("stablehlo", &ProgramRegion::stablehlo, py::arg("name") = "region")
       .def("structural_hash", &ProgramRegion::structural_hash)
       .def("records", &records)
       .def_static("from_records", &from_records)
       .def("compile", &ProgramRegion::compile, py::call_guard<py::gil_scoped_release>())
-      .def("run", [](ProgramRegion& r, const std::vector<at::Tensor>& inputs, int device, const std::string& name,
-                     const std::vector<std::vector<int64_t>>& strides) {
-        return r.run(inputs, static_cast<c10::DeviceIndex>(device), name, strides);
-      }, py::arg("inputs"), py::arg("device"), py::arg("name"), py::arg("strides") = std::vector<std::vector<int64_t>>{})
+      .def(
+          "run",
+          [](ProgramRegion& r, const std::vector<at::Tensor>& inputs, int device, const std::string& name,
+             const std::vector<std::vector<int64_t>>& strides) {
+            return r.run(inputs, static_cast<c10::DeviceIndex>(device), name, strides);
+          },
+          py::arg("inputs"), py::arg("device"), py::arg("name"),
+          py::arg("strides") = std::vector<std::vector<int64_t>>{})
       .def_property_readonly("num_kernels", &ProgramRegion::num_kernels)
       .def_property_readonly("num_ops", &ProgramRegion::num_ops)
       .def_property_readonly("num_parameters", &ProgramRegion::num_parameters)
       .def_property_readonly("split", &ProgramRegion::split)
       .def("describe", &ProgramRegion::describe)
       .def("plan", &ProgramRegion::plan);
-  m.def("copy_many", [](const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs, int device) {
-    translate_errors([&] { enqueue_copies(static_cast<c10::DeviceIndex>(device), dsts, srcs); });
-  }, py::arg("dsts"), py::arg("srcs"), py::arg("device"),
-  "dsts[i].copy_(srcs[i]) for each pair, dense same-layout pairs as one queued item on the chip's stream");
+  m.def(
+      "copy_many",
+      [](const std::vector<at::Tensor>& dsts, const std::vector<at::Tensor>& srcs, int device) {
+        translate_errors([&] { enqueue_copies(static_cast<c10::DeviceIndex>(device), dsts, srcs); });
+      },
+      py::arg("dsts"), py::arg("srcs"), py::arg("device"),
+      "dsts[i].copy_(srcs[i]) for each pair, dense same-layout pairs as one queued item on the chip's stream");
   m.def("ir_signature", [] {
     std::string s;
     for (int k = 0; k < ir::kNumOpKinds; ++k) s += std::string(ir::op_name(static_cast<ir::OpKind>(k))) + ",";

@@ -3,8 +3,9 @@
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "distributed/backend.h"
 #include "distributed/collectives.h"
@@ -55,9 +56,8 @@ void register_distributed_bindings(py::module_& m) {
   m.def("_tpu_dist_ring_links", [](const std::vector<int>& chips) {
     return translate_errors([&] { return dist::ring_links(chips, runtime().topology()); });
   });
-  m.def("_tpu_dist_host_chips", [](int host) {
-    return translate_errors([&] { return runtime().topology().chips_of_host(host); });
-  });
+  m.def("_tpu_dist_host_chips",
+        [](int host) { return translate_errors([&] { return runtime().topology().chips_of_host(host); }); });
   m.def("_tpu_dist_chip_coords", [](int chip_id) {
     return translate_errors([&] {
       const auto c = runtime().topology().coords(chip_id);

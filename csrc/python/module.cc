@@ -19,18 +19,17 @@
 namespace py = pybind11;
 
 namespace torch_tpu {
-void register_hooks();  // hooks.cc
+void register_hooks();                                     // hooks.cc
 void register_distributed_bindings(pybind11::module_& m);  // distributed_bindings.cc
 void register_defer_bindings(pybind11::module_& m);        // defer_bindings.cc
 void register_profiler_bindings(pybind11::module_& m);     // profiler_bindings.cc
 void register_compile_bindings(pybind11::module_& m);      // compile_bindings.cc
 void register_dry_run_bindings(pybind11::module_& m);      // dry_run_bindings.cc
-}
+}  // namespace torch_tpu
 
 namespace {
 
 using namespace torch_tpu;
-
 
 py::dict spec_dict(const vtpu::ChipSpec& s) {
   py::dict d;
@@ -156,8 +155,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_count", [] { return translate_errors([] { return static_cast<int>(device_count()); }); });
   m.def("_current_device", [] { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int i) { translate_errors([&] { set_current_device(static_cast<c10::DeviceIndex>(i)); }); });
-  m.def("_synchronize", [](int i) { synchronize_device(static_cast<c10::DeviceIndex>(i)); },
-        py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_synchronize", [](int i) { synchronize_device(static_cast<c10::DeviceIndex>(i)); },
+      py::call_guard<py::gil_scoped_release>());
   // At interpreter exit: the autograd engine's thread for a chip may still hold
   // the last reference to the last backward's graph task, whose thread-local
   // state holds Python objects; released during finalization, taking the GIL
@@ -171,8 +171,8 @@ PYBIND11_MODULE(_C, m) {
     std::thread settle([devices] {
       try {
         for (int d = 0; d < devices; ++d) {
-          auto options = at::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1,
-                                                                static_cast<c10::DeviceIndex>(d)));
+          auto options =
+              at::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(d)));
           for (int i = 0; i < 2; ++i) {
             auto leaf = torch::zeros({}, options.requires_grad(true));
             torch::autograd::backward({leaf.mul(1)});
@@ -185,7 +185,8 @@ PYBIND11_MODULE(_C, m) {
     settle.join();
   });
   m.def("_memory_stats", [](int i) { return translate_errors([&] { return memory_stats_dict(i); }); });
-  m.def("_empty_cache", [] { tpu_allocator().emptyCache(); }, py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_empty_cache", [] { tpu_allocator().emptyCache(); }, py::call_guard<py::gil_scoped_release>());
   m.def("_reset_peak_memory_stats", [](int i) { translate_errors([&] { tpu_allocator().resetPeakStats(i); }); });
   m.def("_default_generator", [](int i) {
     return py::reinterpret_steal<py::object>(
@@ -281,7 +282,6 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_reset_unsupported_on_tpu", [] { reset_unsupported_report(); });
   m.def("_hops", [](int a, int b) { return translate_errors([&] { return runtime().topology().hops(a, b); }); });
-  m.def("_physical_bytes", [](std::vector<int64_t> shape, int64_t element_size) {
-    return vtpu::physical_bytes(shape, element_size);
-  });
+  m.def("_physical_bytes",
+        [](std::vector<int64_t> shape, int64_t element_size) { return vtpu::physical_bytes(shape, element_size); });
 }

@@ -10,9 +10,8 @@ namespace py = pybind11;
 namespace torch_tpu {
 
 void register_profiler_bindings(py::module_& m) {
-  m.def("_profiler_set_generation", [](const std::string& generation) {
-    translate_errors([&] { profiler::set_generation(generation); });
-  });
+  m.def("_profiler_set_generation",
+        [](const std::string& generation) { translate_errors([&] { profiler::set_generation(generation); }); });
   m.def("_profiler_generation", [] { return translate_errors([] { return profiler::generation(); }); });
   m.def("_profiler_generation_setting", [] { return profiler::generation_setting(); });
   m.def("_profiler_stats", [] {

@@ -1,11 +1,10 @@
 #include "runtime/allocator.h"
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
-#include <ATen/core/Tensor.h>
 
 #include <atomic>
-
 #include <cstring>
 #include <mutex>
 #include <unordered_set>
@@ -135,14 +134,11 @@ c10::CachingDeviceAllocator::DeviceStats TPUAllocator::getDeviceStats(c10::Devic
 
 void TPUAllocator::resetAccumulatedStats(c10::DeviceIndex) {}
 
-void TPUAllocator::resetPeakStats(c10::DeviceIndex device) {
-  chip(resolve_index(device)).hbm().reset_peak_stats();
-}
+void TPUAllocator::resetPeakStats(c10::DeviceIndex device) { chip(resolve_index(device)).hbm().reset_peak_stats(); }
 
 std::pair<size_t, size_t> TPUAllocator::getMemoryInfo(c10::DeviceIndex device) {
   auto s = chip(resolve_index(device)).hbm().stats();
-  return {static_cast<size_t>(s.capacity_bytes - s.reserved_bytes),
-          static_cast<size_t>(s.capacity_bytes)};
+  return {static_cast<size_t>(s.capacity_bytes - s.reserved_bytes), static_cast<size_t>(s.capacity_bytes)};
 }
 
 TPUAllocator& tpu_allocator() {
@@ -175,9 +171,7 @@ class PinnedAllocator final : public c10::Allocator {
     return c10::DataPtr(ptr, ptr, &free_pinned, c10::Device(c10::kCPU));
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    std::memcpy(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
 };
 
 }  // namespace

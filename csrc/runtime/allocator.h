@@ -2,11 +2,10 @@
 #pragma once
 
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Storage.h>
 
 #include <cstdint>
 #include <string>
-
-#include <c10/core/Storage.h>
 
 #include "vtpu/hbm_allocator.h"
 

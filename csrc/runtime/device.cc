@@ -39,17 +39,13 @@ vtpu::Runtime& runtime() {
   return translate_errors([]() -> vtpu::Runtime& { return vtpu::Runtime::get(); });
 }
 
-c10::DeviceIndex device_count() {
-  return static_cast<c10::DeviceIndex>(runtime().device_count());
-}
+c10::DeviceIndex device_count() { return static_cast<c10::DeviceIndex>(runtime().device_count()); }
 
 vtpu::Chip& chip(c10::DeviceIndex index) {
   return translate_errors([&]() -> vtpu::Chip& { return runtime().chip(index); });
 }
 
-c10::DeviceIndex resolve_index(c10::DeviceIndex index) {
-  return index < 0 ? tls_device : index;
-}
+c10::DeviceIndex resolve_index(c10::DeviceIndex index) { return index < 0 ? tls_device : index; }
 
 c10::DeviceIndex current_device() { return tls_device; }
 
@@ -84,7 +80,6 @@ vtpu::Stream& vtpu_stream(const c10::Stream& stream) {
   defer_before_stream_use(stream.device_index());  // deferred work is issued before other stream use
   return translate_errors([&]() -> vtpu::Stream& { return c.stream(stream.id()); });
 }
-
 
 void set_blocking_runner(BlockingRunner runner) { blocking_runner.store(runner); }
 

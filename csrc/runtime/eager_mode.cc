@@ -2,12 +2,12 @@
 
 #include <c10/util/Exception.h>
 
-#include "runtime/dry_run.h"
-#include "vtpu/env.h"
-
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+
+#include "runtime/dry_run.h"
+#include "vtpu/env.h"
 
 namespace torch_tpu {
 namespace {
@@ -51,9 +51,12 @@ void set_thread_eager_mode(std::optional<EagerMode> mode) { tls_mode = mode ? st
 
 const char* eager_mode_name(EagerMode mode) {
   switch (mode) {
-    case EagerMode::kStrict: return "strict";
-    case EagerMode::kDebug: return "debug";
-    case EagerMode::kDeferAndFuse: return "defer_and_fuse";
+    case EagerMode::kStrict:
+      return "strict";
+    case EagerMode::kDebug:
+      return "debug";
+    case EagerMode::kDeferAndFuse:
+      return "defer_and_fuse";
   }
   return "strict";
 }

@@ -36,9 +36,7 @@ struct TPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     int64_t id = translate_errors([&] { return chip(index).new_stream(); });
     return c10::Stream(c10::Stream::UNSAFE, c10::Device(kTPU, index), id);
   }
-  c10::Stream getStreamFromGlobalPool(c10::Device d, bool = false) const override {
-    return getNewStream(d);
-  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool = false) const override { return getNewStream(d); }
   c10::Stream exchangeStream(c10::Stream s) const override {
     auto old = current_stream(s.device_index());
     set_current_stream(s);
@@ -54,9 +52,8 @@ struct TPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
               const c10::EventFlag flag) const override {
-    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
-                "event device index ", static_cast<int>(device_index), " does not match the stream's device ",
-                stream.device());
+    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(), "event device index ",
+                static_cast<int>(device_index), " does not match the stream's device ", stream.device());
     if (*event == nullptr) *event = new vtpu::Event(flag == c10::EventFlag::BACKEND_DEFAULT);
     auto& s = vtpu_stream(stream);
     translate_errors([&] { as_event(*event)->record(s); });
@@ -66,15 +63,11 @@ struct TPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     auto& s = vtpu_stream(stream);
     translate_errors([&] { as_event(event)->block(s); });
   }
-  bool queryEvent(void* event) const override {
-    return event == nullptr || as_event(event)->query();
-  }
+  bool queryEvent(void* event) const override { return event == nullptr || as_event(event)->query(); }
   void synchronizeEvent(void* event) const override {
     if (event) run_blocking([&] { as_event(event)->synchronize(); });
   }
-  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
-    delete as_event(event);
-  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override { delete as_event(event); }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     TORCH_CHECK(start && end, "elapsed_time: both events must be recorded first");
     return translate_errors([&] { return as_event(start)->elapsed_ms(*as_event(end)); });
@@ -85,9 +78,7 @@ struct TPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     auto& s = vtpu_stream(stream);
     synchronize_stream(s);
   }
-  void synchronizeDevice(const c10::DeviceIndex index) const override {
-    synchronize_device(index);
-  }
+  void synchronizeDevice(const c10::DeviceIndex index) const override { synchronize_device(index); }
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
 };
 

@@ -39,9 +39,7 @@ struct TPUHooks final : public at::PrivateUse1HooksInterface {
     set_current_device(device);
     return old;
   }
-  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override {
-    return exchangeDevice(device);
-  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex device) const override { return exchangeDevice(device); }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override;
 };
 

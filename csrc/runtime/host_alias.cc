@@ -25,8 +25,8 @@ at::Tensor AliasBuilder::alias(const TensorRecipe& r) {
     c10::Storage s;
     size_t nbytes = r.storage.nbytes();
     if (target_ == c10::DeviceType::Meta) {
-      s = c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
-                       c10::DataPtr(nullptr, c10::Device(c10::kMeta)), c10::GetAllocator(c10::kMeta),
+      s = c10::Storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kMeta)),
+                       c10::GetAllocator(c10::kMeta),
                        /*resizable=*/true);
     } else if (r.storage.device_type() == c10::kCPU) {
       s = r.storage;  // already host memory
@@ -38,8 +38,7 @@ at::Tensor AliasBuilder::alias(const TensorRecipe& r) {
     }
     it = storages_.emplace(key, std::move(s)).first;
   }
-  auto key_set = c10::DispatchKeySet(target_ == c10::DeviceType::Meta ? c10::DispatchKey::Meta
-                                                                       : c10::DispatchKey::CPU);
+  auto key_set = c10::DispatchKeySet(target_ == c10::DeviceType::Meta ? c10::DispatchKey::Meta : c10::DispatchKey::CPU);
   auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second), key_set, r.dtype);
   t.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides, r.storage_offset);
   if (r.wrapped_number) t.unsafeGetTensorImpl()->set_wrapped_number(true);

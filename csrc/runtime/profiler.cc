@@ -10,10 +10,10 @@
 #define USE_KINETO 1
 #include "runtime/profiler.h"
 
-#include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
-#include <libkineto.h>
 #include <c10/util/Exception.h>
+#include <libkineto.h>
 #include <output_base.h>
+#include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
 
 #include <algorithm>
 #include <atomic>
@@ -72,9 +72,9 @@ struct HbmSample {
 // Thread-local state of the hooks; `session` tells stale values apart.
 struct ThreadState {
   uint64_t session = 0;
-  std::vector<uint64_t> corr;     // Kineto correlation ids of the host ops entered
-  std::vector<int32_t> ranges;    // record_function ranges entered
-  int pending_chip = -1;          // the last op priced here, not yet matched to a queued item
+  std::vector<uint64_t> corr;   // Kineto correlation ids of the host ops entered
+  std::vector<int32_t> ranges;  // record_function ranges entered
+  int pending_chip = -1;        // the last op priced here, not yet matched to a queued item
   size_t pending_op = 0;
 };
 thread_local ThreadState tls;
@@ -106,7 +106,8 @@ class Recorder {
       accepting_ = true;
       // Stream workers time with steady_clock; the trace uses the system clock.
       steady_to_system_ns_ = now_ns() - std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                            std::chrono::steady_clock::now().time_since_epoch()).count();
+                                            std::chrono::steady_clock::now().time_since_epoch())
+                                            .count();
     }
     vtpu::trace::install(&kHooks);
   }
@@ -310,11 +311,12 @@ class Session final : public libkineto::IActivityProfilerSession {
   std::vector<std::string> errors() override { return errors_; }
 
   void processTrace(libkineto::ActivityLogger& logger) override {
-    processTrace(logger, [](int32_t) -> const libkineto::ITraceActivity* { return nullptr; }, 0, 0);
+    processTrace(
+        logger, [](int32_t) -> const libkineto::ITraceActivity* { return nullptr; }, 0, 0);
   }
 
-  void processTrace(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback linked,
-                    int64_t start_time, int64_t end_time) override {
+  void processTrace(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback linked, int64_t start_time,
+                    int64_t end_time) override {
     if (!enabled_) return;
     try {
       build(logger, linked, start_time);
@@ -343,8 +345,8 @@ class Session final : public libkineto::IActivityProfilerSession {
   }
 
  private:
-  libkineto::GenericTraceActivity& add(libkineto::ActivityType type, const std::string& name, int chip,
-                                       int32_t track, int64_t start, int64_t end) {
+  libkineto::GenericTraceActivity& add(libkineto::ActivityType type, const std::string& name, int chip, int32_t track,
+                                       int64_t start, int64_t end) {
     buffer_->emplace_activity(buffer_->span, type, name);
     auto& a = libkineto::CpuTraceBuffer::toRef(buffer_->activities.back());
     a.device = static_cast<int32_t>(kChipPidBase + chip);
@@ -369,17 +371,17 @@ class Session final : public libkineto::IActivityProfilerSession {
     int64_t last_ts = start_time;
     for (const DeviceOp& op : snap.ops) {
       chips.insert(op.chip);
-      const libkineto::ITraceActivity* host =
-          op.corr ? linked(static_cast<int32_t>(op.corr)) : nullptr;
-      const double seconds = op.collective ? vtpu::collective_seconds(spec, op.coll)
-                                           : vtpu::estimate(spec, op.cost).total_seconds;
+      const libkineto::ITraceActivity* host = op.corr ? linked(static_cast<int32_t>(op.corr)) : nullptr;
+      const double seconds =
+          op.collective ? vtpu::collective_seconds(spec, op.coll) : vtpu::estimate(spec, op.cost).total_seconds;
       const int64_t dur = std::llround(seconds * 1e9);
       int64_t& cursor = (op.collective ? coll_cursor : op_cursor)[op.chip];
       const int64_t begin = std::max(op.issued_ns, cursor);
       cursor = begin + dur;
       last_ts = std::max(last_ts, cursor);
       std::string name = op.collective ? "tpu_dist::" + (!op.label.empty() ? op.label
-                                                         : host ? host->name() : std::string("collective"))
+                                                         : host            ? host->name()
+                                                                           : std::string("collective"))
                                        : device_op_name(op, host);
       auto& a = add(libkineto::ActivityType::CONCURRENT_KERNEL, name, op.chip,
                     op.collective ? kCollectivesTrack : kOpsTrack, begin, begin + dur);
@@ -406,8 +408,7 @@ class Session final : public libkineto::IActivityProfilerSession {
         a.addMetadata("vTPU queued us", (op.run_start_ns - op.issued_ns) / 1e3);
         a.addMetadata("vTPU measured us", (op.run_end_ns - op.run_start_ns) / 1e3);
       }
-      for (int32_t r = op.range; r >= 0 && r < static_cast<int32_t>(snap.ranges.size());
-           r = snap.ranges[r].parent) {
+      for (int32_t r = op.range; r >= 0 && r < static_cast<int32_t>(snap.ranges.size()); r = snap.ranges[r].parent) {
         auto it = spans.find({r, op.chip});
         if (it == spans.end()) {
           spans.emplace(std::make_pair(r, op.chip), std::make_pair(begin, begin + dur));
@@ -439,12 +440,14 @@ class Session final : public libkineto::IActivityProfilerSession {
       const int64_t pid = kChipPidBase + chip;
       logger.handleDeviceInfo(libkineto::DeviceInfo{pid, pid, label, "TPU " + spec.generation + " (estimated)"},
                               start_time);
-      logger.handleResourceInfo(libkineto::ResourceInfo{kOpsTrack, kOpsTrack, pid, "ops (estimated " +
-                                                        spec.generation + " time)"}, start_time);
-      logger.handleResourceInfo(libkineto::ResourceInfo{kRangesTrack, kRangesTrack, pid,
-                                                        "record_function ranges"}, start_time);
-      logger.handleResourceInfo(libkineto::ResourceInfo{kCollectivesTrack, kCollectivesTrack, pid,
-                                                        "collectives (estimated ICI/DCN time)"}, start_time);
+      logger.handleResourceInfo(
+          libkineto::ResourceInfo{kOpsTrack, kOpsTrack, pid, "ops (estimated " + spec.generation + " time)"},
+          start_time);
+      logger.handleResourceInfo(libkineto::ResourceInfo{kRangesTrack, kRangesTrack, pid, "record_function ranges"},
+                                start_time);
+      logger.handleResourceInfo(
+          libkineto::ResourceInfo{kCollectivesTrack, kCollectivesTrack, pid, "collectives (estimated ICI/DCN time)"},
+          start_time);
       logger.handleResourceInfo(libkineto::ResourceInfo{kHbmTrack, kHbmTrack, pid, "HBM allocated (bytes)"},
                                 start_time);
     }

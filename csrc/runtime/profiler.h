@@ -25,12 +25,12 @@ std::string generation();
 std::string generation_setting();
 
 struct RecorderStats {
-  bool recording = false;   // hooks installed (a profiler with PrivateUse1 runs)
-  uint64_t ops = 0;         // device events of the current or last session
+  bool recording = false;  // hooks installed (a profiler with PrivateUse1 runs)
+  uint64_t ops = 0;        // device events of the current or last session
   uint64_t collectives = 0;
   uint64_t hbm_samples = 0;
-  uint64_t ranges = 0;      // record_function ranges entered
-  uint64_t session = 0;     // sessions started so far
+  uint64_t ranges = 0;   // record_function ranges entered
+  uint64_t session = 0;  // sessions started so far
 };
 RecorderStats recorder_stats();
 

@@ -14,8 +14,7 @@
 
 namespace torch_tpu {
 
-at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
-                     c10::DeviceIndex device) {
+at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype, c10::DeviceIndex device) {
   chip(device);  // validates the index before anything is allocated
   auto meta = c10::scalarTypeToTypeMeta(dtype);
   size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, meta.itemsize());
@@ -28,8 +27,8 @@ at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::Scal
   auto data = tpu_allocator().allocate_on(device, nbytes, physical);
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), &tpu_allocator(),
                        /*resizable=*/true);
-  auto t = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
+                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
   return t;
 }

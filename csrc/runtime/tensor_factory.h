@@ -7,8 +7,7 @@ namespace torch_tpu {
 
 // A tpu tensor with `sizes`/`strides` on tpu:<device>, its storage taken from
 // the chip's HBM and accounted in physical (tiled) bytes.
-at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
-                     c10::DeviceIndex device);
+at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype, c10::DeviceIndex device);
 
 // Grows (or shrinks) a tpu storage to `nbytes`, keeping its contents.
 void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);

@@ -5,9 +5,7 @@
 namespace vtpu {
 namespace {
 
-double padded(int64_t x, int64_t multiple) {
-  return static_cast<double>((x + multiple - 1) / multiple * multiple);
-}
+double padded(int64_t x, int64_t multiple) { return static_cast<double>((x + multiple - 1) / multiple * multiple); }
 
 }  // namespace
 
@@ -22,9 +20,7 @@ double mxu_clock_hz(const ChipSpec& spec) {
   return spec.peak_bf16_flops / (2.0 * cells * spec.mxus_per_tensorcore * spec.tensorcores_per_chip);
 }
 
-double vpu_flops(const ChipSpec& spec) {
-  return mxu_clock_hz(spec) * kVpuOpsPerCycle * spec.tensorcores_per_chip;
-}
+double vpu_flops(const ChipSpec& spec) { return mxu_clock_hz(spec) * kVpuOpsPerCycle * spec.tensorcores_per_chip; }
 
 CostBreakdown estimate(const ChipSpec& spec, const OpCost& cost) {
   CostBreakdown out;

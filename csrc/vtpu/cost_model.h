@@ -23,13 +23,13 @@ constexpr double kLaunchOverheadSeconds = 2e-6;
 constexpr double kVpuOpsPerCycle = 8 * 128 * 4;
 
 struct OpCost {
-  double flops = 0;          // useful floating-point operations
-  double bytes_read = 0;     // HBM bytes read (physical, tiled layout)
-  double bytes_written = 0;  // HBM bytes written (physical)
-  bool mxu = false;          // a matrix product (runs on the MXU)
+  double flops = 0;             // useful floating-point operations
+  double bytes_read = 0;        // HBM bytes read (physical, tiled layout)
+  double bytes_written = 0;     // HBM bytes written (physical)
+  bool mxu = false;             // a matrix product (runs on the MXU)
   int64_t m = 0, k = 0, n = 0;  // GEMM dimensions of a product (per batch item)
-  int passes = 1;            // bf16 MXU passes per product: fp32 highest 6, high 3, medium/bf16 1
-  bool emulated = false;     // float64/complex: no TPU units; priced as fp32 at 6 passes
+  int passes = 1;               // bf16 MXU passes per product: fp32 highest 6, high 3, medium/bf16 1
+  bool emulated = false;        // float64/complex: no TPU units; priced as fp32 at 6 passes
 };
 
 struct CostBreakdown {

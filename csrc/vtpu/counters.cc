@@ -48,11 +48,11 @@ void ChipCounters::record_collective(const CollectiveCost& cost) {
   std::array<double, kNumGenerations> by_generation{};
   const auto& specs = all_specs();
   for (size_t g = 0; g < specs.size() && g < by_generation.size(); ++g) {
-    by_generation[g] = collective_seconds(specs[g], CollectiveCost{cost.payload_bytes, cost.ici_bytes,
-                                                                   cost.ici_links, cost.ici_steps, 0});
+    by_generation[g] = collective_seconds(
+        specs[g], CollectiveCost{cost.payload_bytes, cost.ici_bytes, cost.ici_links, cost.ici_steps, 0});
   }
-  const double ici = collective_seconds(own_, CollectiveCost{cost.payload_bytes, cost.ici_bytes,
-                                                            cost.ici_links, cost.ici_steps, 0});
+  const double ici =
+      collective_seconds(own_, CollectiveCost{cost.payload_bytes, cost.ici_bytes, cost.ici_links, cost.ici_steps, 0});
   std::lock_guard<std::mutex> lock(mu_);
   totals_.collectives += 1;
   totals_.collective_bytes += cost.payload_bytes;

@@ -30,8 +30,8 @@ struct CounterSnapshot {
   double ici_bytes = 0;         // bytes this chip sent over ICI links
   double ici_seconds = 0;       // estimated, on the chip's own generation
   std::array<double, kNumGenerations> ici_seconds_by_generation{};  // all_specs() order
-  double dcn_bytes = 0;         // bytes this chip's host sent over the data-centre network
-  double dcn_seconds = 0;       // estimated
+  double dcn_bytes = 0;    // bytes this chip's host sent over the data-centre network
+  double dcn_seconds = 0;  // estimated
 };
 
 // One collective as the cost model sees it (ring/torus formulas over the
@@ -57,7 +57,7 @@ double collective_seconds(const ChipSpec& spec, const CollectiveCost& cost);
 class ChipCounters {
  public:
   explicit ChipCounters(const ChipSpec& own) : own_(own) {}
-  void record(const OpCost& cost);  // thread-safe
+  void record(const OpCost& cost);                     // thread-safe
   void record_collective(const CollectiveCost& cost);  // thread-safe
   CounterSnapshot snapshot(double host_seconds) const;
   void reset();

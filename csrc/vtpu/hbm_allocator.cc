@@ -24,9 +24,9 @@
 namespace vtpu {
 
 constexpr uint64_t kAlignment = 512;
-constexpr uint64_t kSmallRequest = 1ull << 20;  // <= 1 MiB: small pool
-constexpr uint64_t kSmallSegment = 2ull << 20;  // small pool segment size
-constexpr uint64_t kLargeRounding = 2ull << 20;  // large segments: multiple of 2 MiB
+constexpr uint64_t kSmallRequest = 1ull << 20;      // <= 1 MiB: small pool
+constexpr uint64_t kSmallSegment = 2ull << 20;      // small pool segment size
+constexpr uint64_t kLargeRounding = 2ull << 20;     // large segments: multiple of 2 MiB
 constexpr uint64_t kHugePageMinBytes = 8ull << 20;  // segments from 8 MiB get transparent huge pages
 
 struct Segment;
@@ -38,16 +38,16 @@ struct Block {
   uint64_t requested = 0;  // rounded request while allocated
   uint64_t logical = 0;    // logical bytes of the request while allocated
   bool allocated = false;
-  Block* prev = nullptr;   // address-ordered neighbours within the segment
+  Block* prev = nullptr;  // address-ordered neighbours within the segment
   Block* next = nullptr;
 };
 
 struct Segment {
   char* base;
-  uint64_t size;         // bytes reserved against capacity
-  uint64_t mapped;       // bytes mapped (size rounded up to the page size)
+  uint64_t size;    // bytes reserved against capacity
+  uint64_t mapped;  // bytes mapped (size rounded up to the page size)
   bool small;
-  Block* head;           // block at offset 0; survives every coalesce
+  Block* head;  // block at offset 0; survives every coalesce
   uint64_t live_blocks = 0;
 };
 
@@ -61,9 +61,7 @@ struct BySizeThenAddress {
 };
 using FreeSet = std::set<Block*, BySizeThenAddress>;
 
-uint64_t round_up(uint64_t value, uint64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
+uint64_t round_up(uint64_t value, uint64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 std::string format_bytes(uint64_t bytes) {
   char buf[64];
@@ -144,13 +142,11 @@ struct HbmAllocator::Impl {
   Segment* map_segment(uint64_t size, bool small) {
     const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     const uint64_t mapped = round_up(size, page);
-    void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) {
       ++stats.num_ooms;
-      throw OutOfMemoryError("tpu:" + std::to_string(chip) + " could not map " +
-                             format_bytes(mapped) + " of host memory to back HBM: " +
-                             std::strerror(errno));
+      throw OutOfMemoryError("tpu:" + std::to_string(chip) + " could not map " + format_bytes(mapped) +
+                             " of host memory to back HBM: " + std::strerror(errno));
     }
     // Transparent huge pages where the host offers them ("madvise" mode): the
     // executor streams through large tensors, and 4 KiB pages cost a TLB miss
@@ -186,22 +182,18 @@ struct HbmAllocator::Impl {
 
   [[noreturn]] void out_of_memory(uint64_t physical, uint64_t logical) {
     ++stats.num_ooms;
-    throw OutOfMemoryError(
-        "tpu:" + std::to_string(chip) + " out of HBM memory: tried to allocate " +
-        format_bytes(physical) + " (physical, tiled layout; " + format_bytes(logical) +
-        " logical); capacity " + format_bytes(capacity) + ", " +
-        format_bytes(stats.allocated_bytes) + " allocated, " +
-        format_bytes(stats.reserved_bytes) + " reserved, largest free block " +
-        format_bytes(largest_free_block()));
+    throw OutOfMemoryError("tpu:" + std::to_string(chip) + " out of HBM memory: tried to allocate " +
+                           format_bytes(physical) + " (physical, tiled layout; " + format_bytes(logical) +
+                           " logical); capacity " + format_bytes(capacity) + ", " +
+                           format_bytes(stats.allocated_bytes) + " allocated, " + format_bytes(stats.reserved_bytes) +
+                           " reserved, largest free block " + format_bytes(largest_free_block()));
   }
 
   // A new segment for a `size`-byte request; releases cached segments when the
   // capacity is reached, and as a last resort reserves just the request.
   Segment* new_segment(uint64_t size, bool small, uint64_t physical, uint64_t logical) {
     const uint64_t preferred = small ? kSmallSegment : round_up(size, kLargeRounding);
-    auto fits = [&](uint64_t bytes) {
-      return bytes <= capacity - std::min(capacity, stats.reserved_bytes);
-    };
+    auto fits = [&](uint64_t bytes) { return bytes <= capacity - std::min(capacity, stats.reserved_bytes); };
     if (fits(preferred)) return map_segment(preferred, small);
     ++stats.num_alloc_retries;
     release_free_segments();
@@ -233,9 +225,8 @@ HbmAllocator::~HbmAllocator() {
 
 Block* HbmAllocator::allocate(uint64_t logical, uint64_t physical) {
   if (physical < logical) {
-    throw std::invalid_argument("tpu:" + std::to_string(chip_) + " allocation of " +
-                                std::to_string(logical) + " logical bytes asks for only " +
-                                std::to_string(physical) + " physical bytes");
+    throw std::invalid_argument("tpu:" + std::to_string(chip_) + " allocation of " + std::to_string(logical) +
+                                " logical bytes asks for only " + std::to_string(physical) + " physical bytes");
   }
   if (physical == 0) return nullptr;
   if (physical > UINT64_MAX - kAlignment) {

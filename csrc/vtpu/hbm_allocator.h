@@ -24,20 +24,20 @@ class OutOfMemoryError : public std::runtime_error {
 };
 
 struct MemoryStats {
-  uint64_t allocated_bytes = 0;         // physical bytes in live blocks (requests
-                                        // rounded up to 512 B)
+  uint64_t allocated_bytes = 0;  // physical bytes in live blocks (requests
+                                 // rounded up to 512 B)
   uint64_t allocated_bytes_peak = 0;
-  uint64_t logical_bytes = 0;           // bytes the tensors asked for
+  uint64_t logical_bytes = 0;  // bytes the tensors asked for
   uint64_t logical_bytes_peak = 0;
-  uint64_t reserved_bytes = 0;          // physical bytes in segments
+  uint64_t reserved_bytes = 0;  // physical bytes in segments
   uint64_t reserved_bytes_peak = 0;
   uint64_t capacity_bytes = 0;
-  uint64_t largest_free_block = 0;      // largest block that can be handed out now
-  uint64_t num_allocs = 0;              // allocations served since start
+  uint64_t largest_free_block = 0;  // largest block that can be handed out now
+  uint64_t num_allocs = 0;          // allocations served since start
   uint64_t num_frees = 0;
   uint64_t active_blocks = 0;
   uint64_t segments = 0;
-  uint64_t num_alloc_retries = 0;       // cache flushes to satisfy a request
+  uint64_t num_alloc_retries = 0;  // cache flushes to satisfy a request
   uint64_t num_ooms = 0;
 };
 

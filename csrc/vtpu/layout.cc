@@ -8,9 +8,7 @@
 namespace vtpu {
 namespace {
 
-uint64_t round_up(uint64_t value, uint64_t multiple) {
-  return (value + multiple - 1) / multiple * multiple;
-}
+uint64_t round_up(uint64_t value, uint64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 uint64_t checked_mul(uint64_t a, uint64_t b) {
   uint64_t out;
@@ -24,12 +22,16 @@ uint64_t checked_mul(uint64_t a, uint64_t b) {
 
 Tile tile_for(int64_t element_size) {
   switch (element_size) {
-    case 1: return {32, 128};
-    case 2: return {16, 128};
-    case 4: return {8, 128};
+    case 1:
+      return {32, 128};
+    case 2:
+      return {16, 128};
+    case 4:
+      return {8, 128};
     // 64-bit (and complex) types are emulated on TPU; they keep 8 sublanes.
     case 8:
-    case 16: return {8, 128};
+    case 16:
+      return {8, 128};
     default:
       throw std::invalid_argument("no TPU tile for " + std::to_string(element_size) +
                                   "-byte elements (expected 1, 2, 4, 8 or 16)");

@@ -31,14 +31,12 @@ long long parse_index(const std::string& s) {
 uint64_t Runtime::parse_hbm_bytes(const std::string& raw) {
   const std::string text = trim(raw);
   auto fail = [&]() -> uint64_t {
-    throw std::invalid_argument(
-        "TORCH_TPU_HBM_BYTES='" + raw +
-        "' is not a byte count: expected a positive integer or a number with a unit "
-        "(B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 17179869184 or 16GiB");
+    throw std::invalid_argument("TORCH_TPU_HBM_BYTES='" + raw +
+                                "' is not a byte count: expected a positive integer or a number with a unit "
+                                "(B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), e.g. 17179869184 or 16GiB");
   };
   size_t end = 0;
-  while (end < text.size() &&
-         (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.')) {
+  while (end < text.size() && (std::isdigit(static_cast<unsigned char>(text[end])) || text[end] == '.')) {
     ++end;
   }
   const std::string number = text.substr(0, end);
@@ -47,16 +45,26 @@ uint64_t Runtime::parse_hbm_bytes(const std::string& raw) {
   if (number.empty() || number.find('.') != number.rfind('.') || number == ".") return fail();
 
   double multiplier = 0;
-  if (unit.empty() || unit == "b") multiplier = 1;
-  else if (unit == "k" || unit == "kib") multiplier = 1024.0;
-  else if (unit == "m" || unit == "mib") multiplier = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gib") multiplier = 1024.0 * 1024 * 1024;
-  else if (unit == "t" || unit == "tib") multiplier = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "kb") multiplier = 1e3;
-  else if (unit == "mb") multiplier = 1e6;
-  else if (unit == "gb") multiplier = 1e9;
-  else if (unit == "tb") multiplier = 1e12;
-  else return fail();
+  if (unit.empty() || unit == "b")
+    multiplier = 1;
+  else if (unit == "k" || unit == "kib")
+    multiplier = 1024.0;
+  else if (unit == "m" || unit == "mib")
+    multiplier = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib")
+    multiplier = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tib")
+    multiplier = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "kb")
+    multiplier = 1e3;
+  else if (unit == "mb")
+    multiplier = 1e6;
+  else if (unit == "gb")
+    multiplier = 1e9;
+  else if (unit == "tb")
+    multiplier = 1e12;
+  else
+    return fail();
   if (multiplier == 1 && number.find('.') != std::string::npos) return fail();
 
   const double bytes = std::stod(number) * multiplier;
@@ -78,12 +86,10 @@ std::vector<int> Runtime::parse_visible_chips(const std::string& value, int num_
     const long long id = parse_index(item);
     if (id < 0 || id >= num_chips) {
       throw std::invalid_argument("TPU_VISIBLE_CHIPS='" + value + "': '" + trim(item) +
-                                  "' is not a chip id of this slice (valid: 0.." +
-                                  std::to_string(num_chips - 1) + ")");
+                                  "' is not a chip id of this slice (valid: 0.." + std::to_string(num_chips - 1) + ")");
     }
     if (!seen.insert(static_cast<int>(id)).second) {
-      throw std::invalid_argument("TPU_VISIBLE_CHIPS='" + value + "': chip " + trim(item) +
-                                  " is listed twice");
+      throw std::invalid_argument("TPU_VISIBLE_CHIPS='" + value + "': chip " + trim(item) + " is listed twice");
     }
     chips.push_back(static_cast<int>(id));
     if (comma == std::string::npos) break;
@@ -93,11 +99,7 @@ std::vector<int> Runtime::parse_visible_chips(const std::string& value, int num_
 }
 
 Chip::Chip(int index, int global_id, const Topology& topology, uint64_t hbm_bytes)
-    : index_(index),
-      global_id_(global_id),
-      topology_(topology),
-      hbm_(index, hbm_bytes),
-      counters_(topology.spec()) {}
+    : index_(index), global_id_(global_id), topology_(topology), hbm_(index, hbm_bytes), counters_(topology.spec()) {}
 
 CounterSnapshot Chip::counters() {
   double host = 0;
@@ -116,9 +118,8 @@ Stream& Chip::stream(int64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (streams_.empty()) streams_.push_back(std::make_unique<Stream>(index_, 0));
   if (id < 0 || id >= static_cast<int64_t>(streams_.size())) {
-    throw std::out_of_range("tpu:" + std::to_string(index_) + " has no stream " +
-                            std::to_string(id) + " (valid ids 0.." +
-                            std::to_string(streams_.size() - 1) + ")");
+    throw std::out_of_range("tpu:" + std::to_string(index_) + " has no stream " + std::to_string(id) +
+                            " (valid ids 0.." + std::to_string(streams_.size() - 1) + ")");
   }
   return *streams_[static_cast<size_t>(id)];
 }
@@ -170,9 +171,8 @@ Runtime::Runtime() : topology_(Topology::from_env()) {
     if (const char* value = env("TORCH_TPU_HOST_ID")) {
       const long long parsed = parse_index(value);
       if (parsed < 0 || parsed >= topology_.num_hosts()) {
-        throw std::invalid_argument("TORCH_TPU_HOST_ID='" + std::string(value) +
-                                    "' is not a host of topology '" + topology_.name() +
-                                    "' (valid: 0.." + std::to_string(topology_.num_hosts() - 1) +
+        throw std::invalid_argument("TORCH_TPU_HOST_ID='" + std::string(value) + "' is not a host of topology '" +
+                                    topology_.name() + "' (valid: 0.." + std::to_string(topology_.num_hosts() - 1) +
                                     ")");
       }
       host = static_cast<int>(parsed);
@@ -180,18 +180,16 @@ Runtime::Runtime() : topology_(Topology::from_env()) {
     global_ids = topology_.chips_of_host(host);
   }
   for (size_t i = 0; i < global_ids.size(); ++i) {
-    chips_.push_back(
-        std::make_unique<Chip>(static_cast<int>(i), global_ids[i], topology_, hbm_bytes));
+    chips_.push_back(std::make_unique<Chip>(static_cast<int>(i), global_ids[i], topology_, hbm_bytes));
   }
 }
 
 Chip& Runtime::chip(int index) {
   if (index < 0 || index >= device_count()) {
-    throw std::out_of_range("tpu:" + std::to_string(index) + " is out of range: this process sees " +
-                            std::to_string(device_count()) + " chip(s)" +
-                            (device_count() > 0
-                                 ? " (valid tpu:0..tpu:" + std::to_string(device_count() - 1) + ")"
-                                 : std::string()));
+    throw std::out_of_range(
+        "tpu:" + std::to_string(index) + " is out of range: this process sees " + std::to_string(device_count()) +
+        " chip(s)" +
+        (device_count() > 0 ? " (valid tpu:0..tpu:" + std::to_string(device_count() - 1) + ")" : std::string()));
   }
   return *chips_[static_cast<size_t>(index)];
 }

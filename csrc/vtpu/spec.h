@@ -12,21 +12,21 @@ namespace vtpu {
 // One TPU generation. Units: FLOP/s, bytes, bytes/s. Every value in spec.cc
 // carries the public page it was read from.
 struct ChipSpec {
-  std::string generation;    // "v4", "v5e", "v5p", "v6e", "tpu7x"
-  std::string device_name;   // what torch.tpu.get_device_name() returns: "TPU v6e"
-  double peak_bf16_flops;    // dense bf16 FLOP/s per chip
-  uint64_t hbm_bytes;        // HBM capacity per chip
-  double hbm_bandwidth;      // HBM bytes/s per chip
-  uint64_t vmem_bytes;       // vector memory per TensorCore
-  int mxu_size;              // MXU is mxu_size x mxu_size (128 or 256)
+  std::string generation;   // "v4", "v5e", "v5p", "v6e", "tpu7x"
+  std::string device_name;  // what torch.tpu.get_device_name() returns: "TPU v6e"
+  double peak_bf16_flops;   // dense bf16 FLOP/s per chip
+  uint64_t hbm_bytes;       // HBM capacity per chip
+  double hbm_bandwidth;     // HBM bytes/s per chip
+  uint64_t vmem_bytes;      // vector memory per TensorCore
+  int mxu_size;             // MXU is mxu_size x mxu_size (128 or 256)
   int mxus_per_tensorcore;
   int tensorcores_per_chip;
-  int ici_links;             // ICI ports per chip
-  double ici_link_bandwidth; // bytes/s per link, one direction
-  int torus_dims;            // 2 (v5e, v6e) or 3 (v4, v5p, tpu7x)
-  int chips_per_host;        // chips attached to one host VM in a multi-host slice
+  int ici_links;                 // ICI ports per chip
+  double ici_link_bandwidth;     // bytes/s per link, one direction
+  int torus_dims;                // 2 (v5e, v6e) or 3 (v4, v5p, tpu7x)
+  int chips_per_host;            // chips attached to one host VM in a multi-host slice
   bool names_count_tensorcores;  // "v5p-8" = 8 TensorCores = 4 chips
-  int pod_chips;             // chips in a full pod: the largest slice
+  int pod_chips;                 // chips in a full pod: the largest slice
 };
 
 // Throws std::invalid_argument listing the valid generations.

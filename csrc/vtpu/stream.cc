@@ -8,9 +8,7 @@
 
 namespace vtpu {
 
-Stream::Stream(int chip, int64_t id) : chip_(chip), id_(id) {
-  worker_ = std::thread(&Stream::run, this);
-}
+Stream::Stream(int chip, int64_t id) : chip_(chip), id_(id) { worker_ = std::thread(&Stream::run, this); }
 
 Stream::~Stream() {
   {
@@ -129,8 +127,8 @@ void Stream::run() {
 }
 
 void Stream::raise_pending_error() {
-  const std::string message = "error in asynchronously executed op '" + error_op_ +
-                              "' on tpu:" + std::to_string(chip_) + ": " + error_what_;
+  const std::string message =
+      "error in asynchronously executed op '" + error_op_ + "' on tpu:" + std::to_string(chip_) + ": " + error_what_;
   error_.clear();
   error_op_.clear();
   error_what_.clear();
@@ -202,8 +200,7 @@ double Event::elapsed_ms(const Event& end) const {
     throw std::logic_error("elapsed_ms: both events must be recorded first");
   }
   if (!query() || !end.query()) {
-    throw std::logic_error(
-        "elapsed_ms: both events must have completed (synchronize one of them first)");
+    throw std::logic_error("elapsed_ms: both events must have completed (synchronize one of them first)");
   }
   std::chrono::steady_clock::time_point start_time, end_time;
   {

@@ -72,19 +72,19 @@ class Stream {
   mutable std::mutex mu_;
   std::condition_variable work_cv_, idle_cv_, space_cv_;
   struct Item {
-    const char* name;   // static_op_name, or owned_name.c_str()
+    const char* name;  // static_op_name, or owned_name.c_str()
     std::string owned_name;
     std::function<void()> work;
     uint64_t trace = 0;  // profiler token (vtpu/trace.h), 0 when not traced
   };
   void push(Item item);
   std::deque<Item> queue_;
-  bool sleeping_ = false;            // worker waits on work_cv_ (guarded by mu_)
-  std::atomic<size_t> queued_{0};    // queue_.size(), readable without mu_
+  bool sleeping_ = false;          // worker waits on work_cv_ (guarded by mu_)
+  std::atomic<size_t> queued_{0};  // queue_.size(), readable without mu_
   bool busy_ = false;
   double busy_seconds_ = 0;
   bool stop_ = false;
-  std::string error_;  // empty when no error is pending
+  std::string error_;                  // empty when no error is pending
   std::string error_op_, error_what_;  // the parts of error_: "<op>: <what>"
   std::thread worker_;
 };
@@ -95,8 +95,8 @@ class Event {
   explicit Event(bool enable_timing = false) : enable_timing_(enable_timing) {}
   // Marks the point after all work queued so far on `stream`.
   void record(Stream& stream);
-  bool query() const;         // true if never recorded or reached
-  void synchronize() const;   // blocks the caller until reached
+  bool query() const;        // true if never recorded or reached
+  void synchronize() const;  // blocks the caller until reached
   // Makes `stream` wait for this event before running later work.
   void block(Stream& stream);
   // Milliseconds between this event and `end` (both recorded with timing and

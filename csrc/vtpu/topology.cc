@@ -25,13 +25,11 @@ const char* const kValidForms =
     "('v5p:4x4x4', 'v5e:4x8'); valid generations: v4, v5e, v5p, v6e, tpu7x";
 
 [[noreturn]] void invalid(const std::string& name, const std::string& reason) {
-  throw std::invalid_argument("invalid TPU topology '" + name + "': " + reason + "; " +
-                              kValidForms);
+  throw std::invalid_argument("invalid TPU topology '" + name + "': " + reason + "; " + kValidForms);
 }
 
 std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return s;
 }
 
@@ -68,9 +66,8 @@ std::string shape_string(const Coord& s, int dims) {
 
 // v5e / v6e slices: [v5e] and [v6e] "supported configurations" tables.
 bool standard_2d_shape(int chips, Coord* shape) {
-  static const std::map<int, Coord> kShapes = {
-      {1, {1, 1, 1}},  {4, {2, 2, 1}},  {8, {2, 4, 1}},   {16, {4, 4, 1}},
-      {32, {4, 8, 1}}, {64, {8, 8, 1}}, {128, {8, 16, 1}}, {256, {16, 16, 1}}};
+  static const std::map<int, Coord> kShapes = {{1, {1, 1, 1}},  {4, {2, 2, 1}},  {8, {2, 4, 1}},    {16, {4, 4, 1}},
+                                               {32, {4, 8, 1}}, {64, {8, 8, 1}}, {128, {8, 16, 1}}, {256, {16, 16, 1}}};
   auto it = kShapes.find(chips);
   if (it == kShapes.end()) return false;
   *shape = it->second;
@@ -84,8 +81,7 @@ bool standard_2d_shape(int chips, Coord* shape) {
 // smallest A+B+C. This reproduces every v5p entry of MaxText's table (e.g.
 // v5p-1536 = 8x8x12, v5p-9216 = 12x16x24, v5p-17920 = 16x20x28).
 bool standard_3d_shape(int chips, Coord* shape) {
-  static const std::map<int, Coord> kSmall = {
-      {4, {2, 2, 1}}, {8, {2, 2, 2}}, {16, {2, 2, 4}}, {32, {2, 4, 4}}};
+  static const std::map<int, Coord> kSmall = {{4, {2, 2, 1}}, {8, {2, 2, 2}}, {16, {2, 2, 4}}, {32, {2, 4, 4}}};
   auto it = kSmall.find(chips);
   if (it != kSmall.end()) {
     *shape = it->second;
@@ -99,8 +95,7 @@ bool standard_3d_shape(int chips, Coord* shape) {
     for (int b = a; a * b * b <= cubes; ++b) {
       if ((cubes / a) % b != 0) continue;
       const int c = cubes / a / b;
-      const bool better = best[0] == 0 || c < best[2] ||
-                          (c == best[2] && a + b + c < best[0] + best[1] + best[2]);
+      const bool better = best[0] == 0 || c < best[2] || (c == best[2] && a + b + c < best[0] + best[1] + best[2]);
       if (better) best = {a, b, c};
     }
   }
@@ -153,10 +148,8 @@ Topology Topology::parse(const std::string& raw_name) {
     long chips = count;
     if (spec.names_count_tensorcores) {
       if (count % spec.tensorcores_per_chip != 0) {
-        invalid(name, spec.generation + " names count TensorCores (" +
-                          std::to_string(spec.tensorcores_per_chip) +
-                          " per chip), so N must be a multiple of " +
-                          std::to_string(spec.tensorcores_per_chip));
+        invalid(name, spec.generation + " names count TensorCores (" + std::to_string(spec.tensorcores_per_chip) +
+                          " per chip), so N must be a multiple of " + std::to_string(spec.tensorcores_per_chip));
       }
       chips = count / spec.tensorcores_per_chip;
     }
@@ -168,11 +161,9 @@ Topology Topology::parse(const std::string& raw_name) {
     const bool ok = spec.torus_dims == 2 ? standard_2d_shape(static_cast<int>(chips), &shape)
                                          : standard_3d_shape(static_cast<int>(chips), &shape);
     if (!ok) {
-      invalid(name, std::to_string(chips) + " chips is not a standard " + spec.generation +
-                        " slice (" +
-                        (spec.torus_dims == 2
-                             ? std::string("1, 4, 8, 16, 32, 64, 128 or 256 chips")
-                             : std::string("4, 8, 16, 32 chips or a multiple of 64")) +
+      invalid(name, std::to_string(chips) + " chips is not a standard " + spec.generation + " slice (" +
+                        (spec.torus_dims == 2 ? std::string("1, 4, 8, 16, 32, 64, 128 or 256 chips")
+                                              : std::string("4, 8, 16, 32 chips or a multiple of 64")) +
                         ")");
     }
     dims = {shape[0], shape[1], shape[2]};
@@ -192,8 +183,8 @@ Topology Topology::parse(const std::string& raw_name) {
   t.shape_ = {dims[0], dims[1], dims[2]};
   const long chips = static_cast<long>(dims[0]) * dims[1] * dims[2];
   if (chips > spec.pod_chips) {
-    invalid(name, shape_string(t.shape_, spec.torus_dims) + " exceeds a " + spec.generation +
-                      " pod (" + std::to_string(spec.pod_chips) + " chips)");
+    invalid(name, shape_string(t.shape_, spec.torus_dims) + " exceeds a " + spec.generation + " pod (" +
+                      std::to_string(spec.pod_chips) + " chips)");
   }
 
   // Wraparound. 3D: slices made of whole 4x4x4 cubes are tori, the OCS closes
@@ -218,8 +209,9 @@ Topology Topology::parse(const std::string& raw_name) {
     t.host_shape_ = t.shape_;
   } else {
     if (dims[0] % 2 != 0 || dims[1] % 2 != 0) {
-      invalid(name, "a multi-host slice splits into 2x2x1 chip blocks per host, so its "
-                    "first two axes must be even");
+      invalid(name,
+              "a multi-host slice splits into 2x2x1 chip blocks per host, so its "
+              "first two axes must be even");
     }
     t.host_shape_ = {2, 2, 1};
   }
@@ -239,15 +231,13 @@ Topology Topology::from_env() {
   return parse("v6e-8");
 }
 
-int Topology::chips_per_host() const {
-  return host_shape_[0] * host_shape_[1] * host_shape_[2];
-}
+int Topology::chips_per_host() const { return host_shape_[0] * host_shape_[1] * host_shape_[2]; }
 
 Coord Topology::coords(int chip) const {
   if (chip < 0 || chip >= num_chips()) {
-    throw std::out_of_range("chip " + std::to_string(chip) + " is out of range for topology '" +
-                            name_ + "' (" + std::to_string(num_chips()) +
-                            " chips: valid ids 0.." + std::to_string(num_chips() - 1) + ")");
+    throw std::out_of_range("chip " + std::to_string(chip) + " is out of range for topology '" + name_ + "' (" +
+                            std::to_string(num_chips()) + " chips: valid ids 0.." + std::to_string(num_chips() - 1) +
+                            ")");
   }
   const int x = chip % shape_[0];
   const int y = (chip / shape_[0]) % shape_[1];
@@ -258,9 +248,8 @@ Coord Topology::coords(int chip) const {
 int Topology::chip_at(const Coord& c) const {
   for (int a = 0; a < 3; ++a) {
     if (c[a] < 0 || c[a] >= shape_[a]) {
-      throw std::out_of_range("coordinate (" + std::to_string(c[0]) + "," +
-                              std::to_string(c[1]) + "," + std::to_string(c[2]) +
-                              ") is outside topology '" + name_ + "' of shape " +
+      throw std::out_of_range("coordinate (" + std::to_string(c[0]) + "," + std::to_string(c[1]) + "," +
+                              std::to_string(c[2]) + ") is outside topology '" + name_ + "' of shape " +
                               shape_string(shape_, 3));
     }
   }
@@ -300,20 +289,18 @@ int Topology::host_of(int chip) const {
   const Coord c = coords(chip);
   const int hosts_x = shape_[0] / host_shape_[0];
   const int hosts_y = shape_[1] / host_shape_[1];
-  return c[0] / host_shape_[0] +
-         hosts_x * (c[1] / host_shape_[1] + hosts_y * (c[2] / host_shape_[2]));
+  return c[0] / host_shape_[0] + hosts_x * (c[1] / host_shape_[1] + hosts_y * (c[2] / host_shape_[2]));
 }
 
 std::vector<int> Topology::chips_of_host(int host) const {
   if (host < 0 || host >= num_hosts()) {
-    throw std::out_of_range("host " + std::to_string(host) + " is out of range for topology '" +
-                            name_ + "' (" + std::to_string(num_hosts()) +
-                            " hosts: valid ids 0.." + std::to_string(num_hosts() - 1) + ")");
+    throw std::out_of_range("host " + std::to_string(host) + " is out of range for topology '" + name_ + "' (" +
+                            std::to_string(num_hosts()) + " hosts: valid ids 0.." + std::to_string(num_hosts() - 1) +
+                            ")");
   }
   const int hosts_x = shape_[0] / host_shape_[0];
   const int hosts_y = shape_[1] / host_shape_[1];
-  const Coord origin{(host % hosts_x) * host_shape_[0],
-                     ((host / hosts_x) % hosts_y) * host_shape_[1],
+  const Coord origin{(host % hosts_x) * host_shape_[0], ((host / hosts_x) % hosts_y) * host_shape_[1],
                      (host / (hosts_x * hosts_y)) * host_shape_[2]};
   std::vector<int> chips;
   for (int z = 0; z < host_shape_[2]; ++z) {

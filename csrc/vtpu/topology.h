@@ -29,8 +29,8 @@ class Topology {
   int num_hosts() const { return num_chips() / chips_per_host(); }
   int chips_per_host() const;
 
-  Coord coords(int chip) const;        // throws std::out_of_range
-  int chip_at(const Coord& c) const;   // throws std::out_of_range
+  Coord coords(int chip) const;       // throws std::out_of_range
+  int chip_at(const Coord& c) const;  // throws std::out_of_range
   // Whether links along axis wrap around (a torus ring, not a line).
   bool wraps(int axis) const { return wraps_[axis]; }
   // Distinct chips one ICI hop away, ascending ids.

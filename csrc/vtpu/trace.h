@@ -22,8 +22,7 @@ struct Hooks {
   // Work queued on a stream; returns a token for ran(), 0 for "not traced".
   uint64_t (*enqueue)(int chip, int64_t stream, const char* name);
   // On the stream's worker, after the traced work ran (measured host time).
-  void (*ran)(uint64_t token, std::chrono::steady_clock::time_point start,
-              std::chrono::steady_clock::time_point end);
+  void (*ran)(uint64_t token, std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end);
   // Physical bytes allocated on the chip right after an allocation or free.
   void (*hbm)(int chip, uint64_t allocated_bytes);
 };

@@ -147,8 +147,7 @@ TEST(Allocator, OutOfMemoryNamesRequestAndCapacity) {
   } catch (const OutOfMemoryError& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("tpu:3 out of HBM memory"), std::string::npos) << m;
-    EXPECT_NE(m.find("tried to allocate 64.00 MiB (physical, tiled layout; 60.00 MiB logical)"),
-              std::string::npos)
+    EXPECT_NE(m.find("tried to allocate 64.00 MiB (physical, tiled layout; 60.00 MiB logical)"), std::string::npos)
         << m;
     EXPECT_NE(m.find("capacity 32.00 MiB"), std::string::npos) << m;
     EXPECT_NE(m.find("20.00 MiB allocated"), std::string::npos) << m;
@@ -178,9 +177,7 @@ TEST(Allocator, OutOfMemoryUsesGiBForLargeNumbers) {
   } catch (const OutOfMemoryError& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("tried to allocate 2.00 GiB"), std::string::npos) << m;
-    EXPECT_NE(m.find("capacity 32.00 GiB, 31.00 GiB allocated, 31.00 GiB reserved"),
-              std::string::npos)
-        << m;
+    EXPECT_NE(m.find("capacity 32.00 GiB, 31.00 GiB allocated, 31.00 GiB reserved"), std::string::npos) << m;
     EXPECT_NE(m.find("largest free block 1.00 GiB"), std::string::npos) << m;
   }
   hbm.free(held);

@@ -56,8 +56,7 @@ TEST_P(EveryGeneration, ElementwiseRunsAtBytesOverBandwidth) {
   EXPECT_DOUBLE_EQ(t.total_seconds, 12.0 * 1024 * 1024 / spec.hbm_bandwidth + vtpu::kLaunchOverheadSeconds);
 }
 
-INSTANTIATE_TEST_SUITE_P(Generations, EveryGeneration,
-                         ::testing::Values("v4", "v5e", "v5p", "v6e", "tpu7x"));
+INSTANTIATE_TEST_SUITE_P(Generations, EveryGeneration, ::testing::Values("v4", "v5e", "v5p", "v6e", "tpu7x"));
 
 TEST(MxuEfficiency, KOf64OnA128WideMxuIsHalf) {
   EXPECT_DOUBLE_EQ(vtpu::mxu_efficiency(1024, 64, 1024, 128), 0.5);

@@ -108,7 +108,7 @@ TEST(ExecFusion, StridedAndExpandedInputs) {
   // column (stride 0), a reversed row (negative stride).
   const int64_t rows = 30, cols = 40;
   std::mt19937 rng(5);
-  ir::Literal base = random_literal({ElementType::f32, {cols, rows}}, rng, -3, 3);   // storage of x^T
+  ir::Literal base = random_literal({ElementType::f32, {cols, rows}}, rng, -3, 3);  // storage of x^T
   ir::Literal tall = random_literal({ElementType::f32, {2 * rows, cols}}, rng, -3, 3);
   ir::Literal colv = random_literal({ElementType::f32, {rows}}, rng, -3, 3);
   ir::Literal rowv = random_literal({ElementType::f32, {cols}}, rng, -3, 3);
@@ -164,7 +164,8 @@ TEST(ExecFusion, StridedOutputs) {
              exec::Buffer::strided(spaced.data(), ElementType::bf16, {rows}, {2})});
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t j = 0; j < cols; ++j)
-      EXPECT_NEAR(ir::bf16_to_f32(transposed[j * rows + i]), want[0].f[i * cols + j], 8e-3 * std::fabs(want[0].f[i * cols + j]));
+      EXPECT_NEAR(ir::bf16_to_f32(transposed[j * rows + i]), want[0].f[i * cols + j],
+                  8e-3 * std::fabs(want[0].f[i * cols + j]));
     EXPECT_NEAR(ir::bf16_to_f32(spaced[2 * i]), want[1].f[i], 1e-2 * std::fabs(want[1].f[i]) + 1e-3);
     EXPECT_EQ(spaced[2 * i + 1], 0);
   }
@@ -196,27 +197,26 @@ TEST_P(ExecReduce, AllKindsMatchReference) {
   expect_matches_reference(b.graph(), in, {}, t == ElementType::f32 ? 20.0 : 1.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Dims, ExecReduce,
-    ::testing::Combine(::testing::Values(ReduceCase{{37, 129}, {1}},        // rows (trailing)
-                                         ReduceCase{{37, 129}, {0}},        // columns (leading)
-                                         ReduceCase{{37, 129}, {0, 1}},     // everything
-                                         ReduceCase{{5, 7, 11, 3}, {1, 2}}, // middle block
-                                         ReduceCase{{5, 7, 11, 3}, {0, 2}}, // interleaved
-                                         ReduceCase{{5, 7, 11, 3}, {3}},
-                                         ReduceCase{{6, 1, 9}, {1}},        // size-1 dimension
-                                         ReduceCase{{4, 9}, {}},            // nothing reduced
-                                         ReduceCase{{}, {}},                // scalar
-                                         ReduceCase{{3000}, {0}}),          // many tiles, one result
-                       ::testing::Values(ElementType::f32, ElementType::bf16)),
-    [](const auto& info) {
-      const ReduceCase& c = std::get<0>(info.param);
-      std::string n = "shape";
-      for (int64_t d : c.shape) n += "_" + std::to_string(d);
-      n += "_dims";
-      for (int64_t d : c.dims) n += "_" + std::to_string(d);
-      return n + "_" + ir::element_type_name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Dims, ExecReduce,
+                         ::testing::Combine(::testing::Values(ReduceCase{{37, 129}, {1}},         // rows (trailing)
+                                                              ReduceCase{{37, 129}, {0}},         // columns (leading)
+                                                              ReduceCase{{37, 129}, {0, 1}},      // everything
+                                                              ReduceCase{{5, 7, 11, 3}, {1, 2}},  // middle block
+                                                              ReduceCase{{5, 7, 11, 3}, {0, 2}},  // interleaved
+                                                              ReduceCase{{5, 7, 11, 3}, {3}},
+                                                              ReduceCase{{6, 1, 9}, {1}},  // size-1 dimension
+                                                              ReduceCase{{4, 9}, {}},      // nothing reduced
+                                                              ReduceCase{{}, {}},          // scalar
+                                                              ReduceCase{{3000}, {0}}),    // many tiles, one result
+                                            ::testing::Values(ElementType::f32, ElementType::bf16)),
+                         [](const auto& info) {
+                           const ReduceCase& c = std::get<0>(info.param);
+                           std::string n = "shape";
+                           for (int64_t d : c.shape) n += "_" + std::to_string(d);
+                           n += "_dims";
+                           for (int64_t d : c.dims) n += "_" + std::to_string(d);
+                           return n + "_" + ir::element_type_name(std::get<1>(info.param));
+                         });
 
 TEST(ExecReduce, IntegerPredAndF64Reductions) {
   std::mt19937 rng(8);
@@ -259,15 +259,16 @@ TEST(ExecReduce, RunTailIsSummedPairwise) {
     ValueId x = b.parameter(ElementType::f32, {9, len});
     b.output(b.reduce_sum(x, {1}));
     ir::Literal l = ir::Literal::zeros({ElementType::f32, {9, len}});
-    const float v[9] = {1.2345678f, -0.7777777f, 1.9999999f, 0.3333333f, -1.4142135f,
-                        1.1f, 0.9876543f, -1.7320508f, 1.6180339f};
+    const float v[9] = {1.2345678f, -0.7777777f, 1.9999999f,  0.3333333f, -1.4142135f,
+                        1.1f,       0.9876543f,  -1.7320508f, 1.6180339f};
     for (int64_t r = 0; r < 9; ++r)
       for (int64_t k = 0; k < len; ++k) l.f[r * len + k] = v[r];
     std::vector<HostArray> in{HostArray::from_literal(l)};
     std::vector<ir::Literal> got = run_region(exec::compile(b.graph()), in);
     for (int64_t r = 0; r < 9; ++r) {
       const double exact = static_cast<double>(v[r]) * static_cast<double>(len);
-      const double ulp = std::nextafter(static_cast<float>(std::fabs(exact)), INFINITY) - std::fabs(static_cast<float>(exact));
+      const double ulp =
+          std::nextafter(static_cast<float>(std::fabs(exact)), INFINITY) - std::fabs(static_cast<float>(exact));
       EXPECT_LE(std::fabs(got[0].f[r] - exact), 8 * ulp) << "len " << len << " row " << r;  // was up to 27
     }
   }
@@ -343,15 +344,15 @@ TEST(ExecFusion, ViewsOutputsAndCopies) {
   ir::Builder b;
   ValueId x = b.parameter(ElementType::f32, {6, 4});
   ValueId e = b.exponential(x);
-  ValueId r = b.reshape(e, {24});                      // view of a temp
+  ValueId r = b.reshape(e, {24});  // view of a temp
   ValueId y = b.add(r, splat(b, 1.0, {24}));
-  ValueId xr = b.reshape(x, {4, 6});                   // view of a (possibly strided) input
+  ValueId xr = b.reshape(x, {4, 6});  // view of a (possibly strided) input
   b.output(y);
-  b.output(x);                                         // parameter as output: copied
-  b.output(y);                                         // same value twice
+  b.output(x);  // parameter as output: copied
+  b.output(y);  // same value twice
   b.output(b.multiply(xr, xr));
-  b.output(r);                                         // view as output
-  b.output(splat(b, 7.0, {2, 2}));                     // constant output
+  b.output(r);                      // view as output
+  b.output(splat(b, 7.0, {2, 2}));  // constant output
   std::mt19937 rng(11);
   std::vector<HostArray> in{random_array({ElementType::f32, {6, 4}}, rng)};
   expect_matches_reference(b.graph(), in);
@@ -367,7 +368,8 @@ TEST(ExecFusion, ViewsOutputsAndCopies) {
   for (auto& o : outs) ob.push_back(o.buffer());
   exec::run(region, {exec::Buffer::strided(t.data(), ElementType::f32, {6, 4}, {1, 6})}, ob);
   std::vector<ir::Literal> want = reference(b.graph(), in);
-  for (size_t j = 0; j < outs.size(); ++j) EXPECT_TRUE(all_close(outs[j].literal(), want[j], Tolerance{2e-6, 1e-6})) << j;
+  for (size_t j = 0; j < outs.size(); ++j)
+    EXPECT_TRUE(all_close(outs[j].literal(), want[j], Tolerance{2e-6, 1e-6})) << j;
 }
 
 TEST(ExecFusion, ZeroSizeAndRankZero) {
@@ -400,7 +402,8 @@ TEST(ExecFusion, WideMultiOutputKernelsAndMixedTypes) {
   b.output(b.convert(b.multiply(xf, xf), ElementType::f64));
   b.output(b.reduce_sum(b.convert(pos, ElementType::s32), {1}));
   std::mt19937 rng(12);
-  std::vector<HostArray> in{random_array({ElementType::bf16, s}, rng, -3, 3), random_array({ElementType::s32, s}, rng, -100, 100)};
+  std::vector<HostArray> in{random_array({ElementType::bf16, s}, rng, -3, 3),
+                            random_array({ElementType::s32, s}, rng, -100, 100)};
   expect_matches_reference(b.graph(), in);
   EXPECT_EQ(exec::compile(b.graph()).num_kernels(), 1);
 }
@@ -421,7 +424,8 @@ TEST(ExecFusion, InPlaceLoadsAndDirectStores) {
   b.output(b.broadcast_in_dim(y, s, {0, 1}));
   b.output(b.compare(a, y, ir::CompareDirection::LT));
   std::mt19937 rng(15);
-  std::vector<HostArray> in{random_array({ElementType::f32, s}, rng, -2, 2), random_array({ElementType::s32, s}, rng, 0, 9)};  // no cancellation in a*a + k
+  std::vector<HostArray> in{random_array({ElementType::f32, s}, rng, -2, 2),
+                            random_array({ElementType::s32, s}, rng, 0, 9)};  // no cancellation in a*a + k
   exec::CompileOptions o;
   o.tile_elements = 1024;
   expect_matches_reference(b.graph(), in, o);
@@ -483,9 +487,9 @@ TEST(ExecFusion, RowStatisticsBroadcastBackMatchReference) {
       std::mt19937 rng(static_cast<unsigned>(d));
       std::vector<HostArray> in{random_array({t, s}, rng, -3, 3)};
       ir::Literal l = in[0].literal();
-      l.f[3 * d] = NAN;                 // row 3
-      l.f[5 * d + d / 2] = INFINITY;    // row 5
-      l.f[6 * d] = -INFINITY;           // row 6
+      l.f[3 * d] = NAN;               // row 3
+      l.f[5 * d + d / 2] = INFINITY;  // row 5
+      l.f[6 * d] = -INFINITY;         // row 6
       in[0] = HostArray::from_literal(l);
       SCOPED_TRACE("d=" + std::to_string(d) + " " + ir::element_type_name(t));
       expect_matches_reference(b.graph(), in, {}, 4.0);

@@ -27,12 +27,22 @@ struct UnaryCase {
 };
 
 const UnaryCase kUnary[] = {
-    {OpKind::kNegate, -5, 5},     {OpKind::kAbs, -5, 5},     {OpKind::kExponential, -10, 10},
-    {OpKind::kLog, 1e-3, 100},    {OpKind::kLogPlusOne, -0.99, 10},
-    {OpKind::kExponentialMinusOne, -5, 5},                    {OpKind::kTanh, -6, 6},
-    {OpKind::kLogistic, -12, 12}, {OpKind::kSqrt, 0, 100},   {OpKind::kRsqrt, 1e-2, 100},
-    {OpKind::kSine, -20, 20},     {OpKind::kCosine, -20, 20}, {OpKind::kErf, -4, 4},
-    {OpKind::kFloor, -5, 5},      {OpKind::kCeil, -5, 5},    {OpKind::kSign, -5, 5},
+    {OpKind::kNegate, -5, 5},
+    {OpKind::kAbs, -5, 5},
+    {OpKind::kExponential, -10, 10},
+    {OpKind::kLog, 1e-3, 100},
+    {OpKind::kLogPlusOne, -0.99, 10},
+    {OpKind::kExponentialMinusOne, -5, 5},
+    {OpKind::kTanh, -6, 6},
+    {OpKind::kLogistic, -12, 12},
+    {OpKind::kSqrt, 0, 100},
+    {OpKind::kRsqrt, 1e-2, 100},
+    {OpKind::kSine, -20, 20},
+    {OpKind::kCosine, -20, 20},
+    {OpKind::kErf, -4, 4},
+    {OpKind::kFloor, -5, 5},
+    {OpKind::kCeil, -5, 5},
+    {OpKind::kSign, -5, 5},
 };
 
 class ExecUnary : public ::testing::TestWithParam<std::tuple<UnaryCase, ElementType>> {};
@@ -48,20 +58,20 @@ TEST_P(ExecUnary, MatchesReference) {
   expect_matches_reference(b.graph(), in);  // default tile size
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllFloatTypes, ExecUnary,
-    ::testing::Combine(::testing::ValuesIn(kUnary),
-                       ::testing::Values(ElementType::f32, ElementType::bf16, ElementType::f16, ElementType::f64)),
-    [](const auto& info) {
-      return std::string(ir::op_name(std::get<0>(info.param).op)) + "_" +
-             ir::element_type_name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(AllFloatTypes, ExecUnary,
+                         ::testing::Combine(::testing::ValuesIn(kUnary),
+                                            ::testing::Values(ElementType::f32, ElementType::bf16, ElementType::f16,
+                                                              ElementType::f64)),
+                         [](const auto& info) {
+                           return std::string(ir::op_name(std::get<0>(info.param).op)) + "_" +
+                                  ir::element_type_name(std::get<1>(info.param));
+                         });
 
 TEST(ExecUnarySpecialValues, F32EdgeCasesMatchReference) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  const std::vector<double> specials = {0.0f,  -0.0f, inf,    -inf,  nan,   1e-40f, -1e-40f, 1e30f, -1e30f,
-                                        88.8f, -104.0f, 1.0f, -1.0f, 0.5f, 1e-7f,  9000.0f, -9000.0f, 3.14159f,
-                                        1e10f, -0.99999f, 0.625f, -0.625f, 4.5f, -88.0f};
+  const std::vector<double> specials = {0.0f,     -0.0f,    inf,     -inf,      nan,    1e-40f,  -1e-40f, 1e30f,
+                                        -1e30f,   88.8f,    -104.0f, 1.0f,      -1.0f,  0.5f,    1e-7f,   9000.0f,
+                                        -9000.0f, 3.14159f, 1e10f,   -0.99999f, 0.625f, -0.625f, 4.5f,    -88.0f};
   ir::Literal lit = ir::Literal::zeros({ElementType::f32, {static_cast<int64_t>(specials.size())}});
   lit.f = specials;
   for (const UnaryCase& c : kUnary) {
@@ -80,8 +90,8 @@ struct BinaryCase {
 };
 
 const BinaryCase kBinary[] = {
-    {OpKind::kAdd, -5, 5, -5, 5},      {OpKind::kSubtract, -5, 5, -5, 5}, {OpKind::kMultiply, -5, 5, -5, 5},
-    {OpKind::kDivide, -5, 5, 0.5, 4},  {OpKind::kMaximum, -5, 5, -5, 5},  {OpKind::kMinimum, -5, 5, -5, 5},
+    {OpKind::kAdd, -5, 5, -5, 5},        {OpKind::kSubtract, -5, 5, -5, 5}, {OpKind::kMultiply, -5, 5, -5, 5},
+    {OpKind::kDivide, -5, 5, 0.5, 4},    {OpKind::kMaximum, -5, 5, -5, 5},  {OpKind::kMinimum, -5, 5, -5, 5},
     {OpKind::kPower, 0.1, 3, -2.5, 2.5},
 };
 
@@ -104,14 +114,14 @@ TEST_P(ExecBinary, MatchesReferenceWithArrayAndScalarOperands) {
   expect_matches_reference(b.graph(), in, small_tiles());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllFloatTypes, ExecBinary,
-    ::testing::Combine(::testing::ValuesIn(kBinary),
-                       ::testing::Values(ElementType::f32, ElementType::bf16, ElementType::f16, ElementType::f64)),
-    [](const auto& info) {
-      return std::string(ir::op_name(std::get<0>(info.param).op)) + "_" +
-             ir::element_type_name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(AllFloatTypes, ExecBinary,
+                         ::testing::Combine(::testing::ValuesIn(kBinary),
+                                            ::testing::Values(ElementType::f32, ElementType::bf16, ElementType::f16,
+                                                              ElementType::f64)),
+                         [](const auto& info) {
+                           return std::string(ir::op_name(std::get<0>(info.param).op)) + "_" +
+                                  ir::element_type_name(std::get<1>(info.param));
+                         });
 
 TEST(ExecBinarySpecialValues, NanInfAndZerosMatchReference) {
   const double inf = INFINITY, nan = NAN;
@@ -174,16 +184,16 @@ TEST_P(ExecCompare, MatchesReference) {
   expect_matches_reference(b.graph(), in, small_tiles());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllTypes, ExecCompare,
-    ::testing::Combine(::testing::Values(CompareDirection::EQ, CompareDirection::NE, CompareDirection::LT,
-                                         CompareDirection::LE, CompareDirection::GT, CompareDirection::GE),
-                       ::testing::Values(ElementType::f32, ElementType::bf16, ElementType::s32, ElementType::u8,
-                                         ElementType::pred)),
-    [](const auto& info) {
-      return std::string(ir::direction_name(std::get<0>(info.param))) + "_" +
-             ir::element_type_name(std::get<1>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(AllTypes, ExecCompare,
+                         ::testing::Combine(::testing::Values(CompareDirection::EQ, CompareDirection::NE,
+                                                              CompareDirection::LT, CompareDirection::LE,
+                                                              CompareDirection::GT, CompareDirection::GE),
+                                            ::testing::Values(ElementType::f32, ElementType::bf16, ElementType::s32,
+                                                              ElementType::u8, ElementType::pred)),
+                         [](const auto& info) {
+                           return std::string(ir::direction_name(std::get<0>(info.param))) + "_" +
+                                  ir::element_type_name(std::get<1>(info.param));
+                         });
 
 TEST(ExecSelect, ImmediateBranchesAndConstantPredicates) {
   for (ElementType t : {ElementType::f32, ElementType::bf16, ElementType::s32, ElementType::pred}) {
@@ -239,7 +249,8 @@ TEST(ExecPredOps, LogicMatchesReference) {
   b.output(b.not_(p));
   b.output(b.maximum(p, q));
   b.output(b.minimum(p, q));
-  std::vector<HostArray> in{random_array({ElementType::pred, kShape}, rng), random_array({ElementType::pred, kShape}, rng)};
+  std::vector<HostArray> in{random_array({ElementType::pred, kShape}, rng),
+                            random_array({ElementType::pred, kShape}, rng)};
   expect_matches_reference(b.graph(), in, small_tiles());
 }
 

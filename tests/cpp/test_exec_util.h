@@ -26,7 +26,8 @@ struct HostArray {
   std::vector<char> bytes;
 
   explicit HostArray(ir::TensorType t)
-      : type(std::move(t)), bytes(static_cast<size_t>(std::max<int64_t>(type.numel() * ir::element_size(type.dtype), 1))) {}
+      : type(std::move(t)),
+        bytes(static_cast<size_t>(std::max<int64_t>(type.numel() * ir::element_size(type.dtype), 1))) {}
   static HostArray from_literal(const ir::Literal& l) {
     HostArray a(l.type);
     l.to_bytes(a.bytes.data());
@@ -67,11 +68,16 @@ struct Tolerance {
 // of the type (the f32 and the double result may round to neighbours).
 inline Tolerance tolerance_for(ElementType t) {
   switch (t) {
-    case ElementType::f32: return {2e-6, 1e-6};
-    case ElementType::bf16: return {8e-3, 1e-6};
-    case ElementType::f16: return {1e-3, 1e-6};
-    case ElementType::f64: return {1e-12, 1e-14};
-    default: return {0.0, 0.0};
+    case ElementType::f32:
+      return {2e-6, 1e-6};
+    case ElementType::bf16:
+      return {8e-3, 1e-6};
+    case ElementType::f16:
+      return {1e-3, 1e-6};
+    case ElementType::f64:
+      return {1e-12, 1e-14};
+    default:
+      return {0.0, 0.0};
   }
 }
 
@@ -90,9 +96,12 @@ inline ::testing::AssertionResult all_close(const ir::Literal& got, const ir::Li
     }
     double a = got.f[k], b = want.f[k];
     bool ok;
-    if (std::isnan(b)) ok = std::isnan(a);
-    else if (std::isinf(b)) ok = a == b;
-    else ok = std::isfinite(a) && std::fabs(a - b) <= tol.atol + tol.rtol * std::fabs(b);
+    if (std::isnan(b))
+      ok = std::isnan(a);
+    else if (std::isinf(b))
+      ok = a == b;
+    else
+      ok = std::isfinite(a) && std::fabs(a - b) <= tol.atol + tol.rtol * std::fabs(b);
     if (!ok && bad++ < 5) msg << "\n  [" << k << "] got " << a << " want " << b << " (diff " << a - b << ")";
   }
   if (bad) return ::testing::AssertionFailure() << bad << " of " << got.numel() << " elements differ:" << msg.str();

@@ -76,9 +76,13 @@ TEST(IrBuilder, ErrorsNameTheOpAndTypes) {
   EXPECT_EQ(error_of([&] { b.add(p, p); }), "[add] not defined on pred");
   EXPECT_EQ(error_of([&] { b.select(x, x, x); }), "[select] predicate must be pred[4,8], got f32[4,8]");
   EXPECT_EQ(error_of([&] { b.reshape(x, {5}); }), "[reshape] cannot reshape f32[4,8] to f32[5]");
-  EXPECT_EQ(error_of([&] { b.broadcast_in_dim(v, {4, 7}, {1}); }),
+  EXPECT_EQ(error_of([&] {
+              b.broadcast_in_dim(v, {4, 7}, {1});
+            }),
             "[broadcast_in_dim] operand f32[8] dim 0 does not broadcast to f32[4,7]");
-  EXPECT_EQ(error_of([&] { b.broadcast_in_dim(v, {4, 8}, {2}); }),
+  EXPECT_EQ(error_of([&] {
+              b.broadcast_in_dim(v, {4, 8}, {2});
+            }),
             "[broadcast_in_dim] dimension 2 out of range or repeated for f32[4,8]");
   EXPECT_EQ(error_of([&] { b.reduce_sum(x, {2}); }), "[reduce] dimensions must be sorted, unique and within f32[4,8]");
   EXPECT_EQ(error_of([&] { b.reduce_sum(p, {0}); }), "[reduce] sum not defined on pred");
@@ -187,12 +191,13 @@ TEST(IrPrinter, EveryOpPrints) {
     b.output(b.binary(k, x, x));
   std::string text = to_stablehlo(b.graph(), "all_ops");
   EXPECT_EQ(text.rfind("func.func @all_ops(%arg0: tensor<3xf32>) -> (", 0), 0u) << text;
-  for (const char* name : {"stablehlo.negate", "stablehlo.abs", "stablehlo.exponential ", "stablehlo.log ",
-                           "stablehlo.log_plus_one", "stablehlo.exponential_minus_one", "stablehlo.tanh",
-                           "stablehlo.logistic", "stablehlo.sqrt", "stablehlo.rsqrt", "stablehlo.sine",
-                           "stablehlo.cosine", "chlo.erf", "stablehlo.floor", "stablehlo.ceil", "stablehlo.sign",
-                           "stablehlo.subtract", "stablehlo.divide", "stablehlo.maximum", "stablehlo.minimum",
-                           "stablehlo.power"})
+  for (const char* name : {"stablehlo.negate",  "stablehlo.abs",          "stablehlo.exponential ",
+                           "stablehlo.log ",    "stablehlo.log_plus_one", "stablehlo.exponential_minus_one",
+                           "stablehlo.tanh",    "stablehlo.logistic",     "stablehlo.sqrt",
+                           "stablehlo.rsqrt",   "stablehlo.sine",         "stablehlo.cosine",
+                           "chlo.erf",          "stablehlo.floor",        "stablehlo.ceil",
+                           "stablehlo.sign",    "stablehlo.subtract",     "stablehlo.divide",
+                           "stablehlo.maximum", "stablehlo.minimum",      "stablehlo.power"})
     EXPECT_NE(text.find(name), std::string::npos) << name;
 }
 

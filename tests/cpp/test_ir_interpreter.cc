@@ -62,8 +62,8 @@ TEST(IrInterpreter, IntegerOpsWrapAndFollowXlaDivision) {
   b.output(b.divide(a, c));
   b.output(b.power(a, c));
   b.output(b.negate(a));
-  auto out = interpret(b.graph(), {ints(ElementType::s8, {4}, {127, -128, 7, -7}),
-                                   ints(ElementType::s8, {4}, {1, -1, 0, 2})});
+  auto out =
+      interpret(b.graph(), {ints(ElementType::s8, {4}, {127, -128, 7, -7}), ints(ElementType::s8, {4}, {1, -1, 0, 2})});
   EXPECT_EQ(out[0].i, (std::vector<int64_t>{-128, 127, 7, -5}));
   EXPECT_EQ(out[1].i, (std::vector<int64_t>{127, -128, -1, -3}));  // -128/-1 wraps, x/0 = -1, truncation
   EXPECT_EQ(out[2].i, (std::vector<int64_t>{127, 0, 1, 49}));      // 127^1, (-128)^-1 = 0, x^0, (-7)^2
@@ -134,9 +134,12 @@ TEST(IrInterpreter, LiteralBytesRoundTrip) {
                         ElementType::s32, ElementType::s8, ElementType::u8, ElementType::pred}) {
     Literal l = Literal::zeros({t, {5}});
     for (int k = 0; k < 5; ++k) {
-      if (is_float(t)) l.f[k] = k - 2.5;
-      else if (is_pred(t)) l.i[k] = k & 1;
-      else l.i[k] = t == ElementType::u8 ? k * 50 : k - 2;
+      if (is_float(t))
+        l.f[k] = k - 2.5;
+      else if (is_pred(t))
+        l.i[k] = k & 1;
+      else
+        l.i[k] = t == ElementType::u8 ? k * 50 : k - 2;
     }
     std::vector<char> bytes(5 * element_size(t));
     l.to_bytes(bytes.data());
@@ -183,7 +186,7 @@ TEST(IrTypes, HalfConversionsMatchTheCompiler) {
       ASSERT_EQ(f32_to_f16(f), rb) << f;
     }
   }
-  EXPECT_EQ(f32_to_bf16(1.0f + 0x1p-8f), 0x3F80);   // tie to even
+  EXPECT_EQ(f32_to_bf16(1.0f + 0x1p-8f), 0x3F80);  // tie to even
   EXPECT_EQ(f32_to_bf16(1.0f + 0x1.8p-8f), 0x3F81);
   EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()) & 0x7FC0, 0x7FC0);
 }

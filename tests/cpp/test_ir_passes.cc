@@ -138,8 +138,8 @@ TEST(IrPasses, CommonSubexpressionEliminationMergesIdenticalOps) {
   ValueId x = b.parameter(ElementType::f32, {8});
   ValueId y = b.parameter(ElementType::f32, {8});
   ValueId e1 = b.exponential(x);
-  ValueId e2 = b.exponential(x);   // same as e1
-  ValueId e3 = b.exponential(y);   // different operand
+  ValueId e2 = b.exponential(x);  // same as e1
+  ValueId e3 = b.exponential(y);  // different operand
   ValueId c1 = b.constant(2.0, ElementType::f32, {8});
   ValueId c2 = b.constant(2.0, ElementType::f32, {8});  // same splat
   ValueId c3 = b.constant(3.0, ElementType::f32, {8});  // different value

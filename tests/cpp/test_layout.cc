@@ -25,35 +25,33 @@ TEST_P(PhysicalBytes, MatchesTiledLayout) {
   EXPECT_EQ(vtpu::physical_bytes(c.shape, c.element_size), c.expected_bytes) << c.what;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, PhysicalBytes,
-    ::testing::Values(
-        LayoutCase{"f32[3,5]: one (8,128) tile", {3, 5}, 4, 4096},
-        LayoutCase{"f32[8,128]: exactly one tile", {8, 128}, 4, 4096},
-        LayoutCase{"f32[9,129]: 2x2 tiles", {9, 129}, 4, 16384},
-        LayoutCase{"bf16[16,128]: one (16,128) tile", {16, 128}, 2, 4096},
-        LayoutCase{"bf16[17,128]: two tiles", {17, 128}, 2, 8192},
-        LayoutCase{"int8[33,1]: two (32,128) tiles", {33, 1}, 1, 8192},
-        LayoutCase{"int8[32,128]: one tile", {32, 128}, 1, 4096},
-        LayoutCase{"f32[2,3,5]: leading dim multiplies", {2, 3, 5}, 4, 8192},
-        LayoutCase{"f32[2,2,3,5]", {2, 2, 3, 5}, 4, 16384},
-        LayoutCase{"f32[] scalar: one tile", {}, 4, 4096},
-        LayoutCase{"f32[5]: one tile", {5}, 4, 4096},
-        LayoutCase{"f32[1024]: one dense tile", {1024}, 4, 4096},
-        LayoutCase{"f32[1025]: two tiles", {1025}, 4, 8192},
-        LayoutCase{"bf16[2049]: two tiles", {2049}, 2, 8192},
-        LayoutCase{"f64[3,5]: (8,128) tile of 8-byte elements", {3, 5}, 8, 8192},
-        LayoutCase{"empty f32[0,5]", {0, 5}, 4, 0},
-        LayoutCase{"empty f32[4,0,3]", {4, 0, 3}, 4, 0},
-        LayoutCase{"empty f32[0]", {0}, 4, 0}),
-    [](const ::testing::TestParamInfo<LayoutCase>& info) {
-      std::string out = info.param.what;
-      out = out.substr(0, out.find(':'));
-      for (char& c : out) {
-        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
-      }
-      return out;
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, PhysicalBytes,
+                         ::testing::Values(LayoutCase{"f32[3,5]: one (8,128) tile", {3, 5}, 4, 4096},
+                                           LayoutCase{"f32[8,128]: exactly one tile", {8, 128}, 4, 4096},
+                                           LayoutCase{"f32[9,129]: 2x2 tiles", {9, 129}, 4, 16384},
+                                           LayoutCase{"bf16[16,128]: one (16,128) tile", {16, 128}, 2, 4096},
+                                           LayoutCase{"bf16[17,128]: two tiles", {17, 128}, 2, 8192},
+                                           LayoutCase{"int8[33,1]: two (32,128) tiles", {33, 1}, 1, 8192},
+                                           LayoutCase{"int8[32,128]: one tile", {32, 128}, 1, 4096},
+                                           LayoutCase{"f32[2,3,5]: leading dim multiplies", {2, 3, 5}, 4, 8192},
+                                           LayoutCase{"f32[2,2,3,5]", {2, 2, 3, 5}, 4, 16384},
+                                           LayoutCase{"f32[] scalar: one tile", {}, 4, 4096},
+                                           LayoutCase{"f32[5]: one tile", {5}, 4, 4096},
+                                           LayoutCase{"f32[1024]: one dense tile", {1024}, 4, 4096},
+                                           LayoutCase{"f32[1025]: two tiles", {1025}, 4, 8192},
+                                           LayoutCase{"bf16[2049]: two tiles", {2049}, 2, 8192},
+                                           LayoutCase{"f64[3,5]: (8,128) tile of 8-byte elements", {3, 5}, 8, 8192},
+                                           LayoutCase{"empty f32[0,5]", {0, 5}, 4, 0},
+                                           LayoutCase{"empty f32[4,0,3]", {4, 0, 3}, 4, 0},
+                                           LayoutCase{"empty f32[0]", {0}, 4, 0}),
+                         [](const ::testing::TestParamInfo<LayoutCase>& info) {
+                           std::string out = info.param.what;
+                           out = out.substr(0, out.find(':'));
+                           for (char& c : out) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return out;
+                         });
 
 TEST(Tile, PerElementSize) {
   EXPECT_EQ(vtpu::tile_for(4).sublanes, 8);

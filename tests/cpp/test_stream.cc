@@ -72,10 +72,9 @@ TEST(Stream, StickyErrorRaisedOnceNamingTheOp) {
     stream.synchronize();
     FAIL() << "expected AsyncError";
   } catch (const AsyncError& e) {
-    EXPECT_STREQ(e.what(),
-                 "error in asynchronously executed op 'aten::div' on tpu:2: division by zero");
+    EXPECT_STREQ(e.what(), "error in asynchronously executed op 'aten::div' on tpu:2: division by zero");
   }
-  EXPECT_EQ(ran_after.load(), 1);  // later work still ran
+  EXPECT_EQ(ran_after.load(), 1);         // later work still ran
   EXPECT_NO_THROW(stream.synchronize());  // raised once, then cleared
   EXPECT_NO_THROW(stream.check_error());
 

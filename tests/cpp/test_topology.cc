@@ -45,49 +45,41 @@ TEST_P(ParseName, GivesGenerationShapeAndHosts) {
 
 INSTANTIATE_TEST_SUITE_P(
     CloudNames, ParseName,
-    ::testing::Values(
-        NameCase{"v5e-1", "v5e", {1, 1, 1}, 1}, NameCase{"v5e-4", "v5e", {2, 2, 1}, 1},
-        NameCase{"v5e-8", "v5e", {2, 4, 1}, 1}, NameCase{"v5e-16", "v5e", {4, 4, 1}, 4},
-        NameCase{"v5litepod-16", "v5e", {4, 4, 1}, 4},
-        NameCase{"v5e-256", "v5e", {16, 16, 1}, 64}, NameCase{"v6e-1", "v6e", {1, 1, 1}, 1},
-        NameCase{"v6e-4", "v6e", {2, 2, 1}, 1}, NameCase{"v6e-8", "v6e", {2, 4, 1}, 1},
-        NameCase{"v6e-16", "v6e", {4, 4, 1}, 4}, NameCase{"v6e-32", "v6e", {4, 8, 1}, 8},
-        NameCase{"v6e-64", "v6e", {8, 8, 1}, 16}, NameCase{"v6e-128", "v6e", {8, 16, 1}, 32},
-        NameCase{"v6e-256", "v6e", {16, 16, 1}, 64}, NameCase{"v4-8", "v4", {2, 2, 1}, 1},
-        NameCase{"v4-16", "v4", {2, 2, 2}, 2}, NameCase{"v4-128", "v4", {4, 4, 4}, 16},
-        NameCase{"v5p-8", "v5p", {2, 2, 1}, 1}, NameCase{"v5p-16", "v5p", {2, 2, 2}, 2},
-        NameCase{"v5p-32", "v5p", {2, 2, 4}, 4}, NameCase{"v5p-64", "v5p", {2, 4, 4}, 8},
-        NameCase{"v5p-128", "v5p", {4, 4, 4}, 16}, NameCase{"v5p-256", "v5p", {4, 4, 8}, 32},
-        NameCase{"v5p-512", "v5p", {4, 8, 8}, 64}, NameCase{"v5p-1536", "v5p", {8, 8, 12}, 192},
-        NameCase{"v5p-9216", "v5p", {12, 16, 24}, 1152},
-        NameCase{"v5p-17920", "v5p", {16, 20, 28}, 2240},
-        NameCase{"tpu7x-8", "tpu7x", {2, 2, 1}, 1}, NameCase{"tpu7x-16", "tpu7x", {2, 2, 2}, 2},
-        NameCase{"tpu7x-128", "tpu7x", {4, 4, 4}, 16}),
+    ::testing::Values(NameCase{"v5e-1", "v5e", {1, 1, 1}, 1}, NameCase{"v5e-4", "v5e", {2, 2, 1}, 1},
+                      NameCase{"v5e-8", "v5e", {2, 4, 1}, 1}, NameCase{"v5e-16", "v5e", {4, 4, 1}, 4},
+                      NameCase{"v5litepod-16", "v5e", {4, 4, 1}, 4}, NameCase{"v5e-256", "v5e", {16, 16, 1}, 64},
+                      NameCase{"v6e-1", "v6e", {1, 1, 1}, 1}, NameCase{"v6e-4", "v6e", {2, 2, 1}, 1},
+                      NameCase{"v6e-8", "v6e", {2, 4, 1}, 1}, NameCase{"v6e-16", "v6e", {4, 4, 1}, 4},
+                      NameCase{"v6e-32", "v6e", {4, 8, 1}, 8}, NameCase{"v6e-64", "v6e", {8, 8, 1}, 16},
+                      NameCase{"v6e-128", "v6e", {8, 16, 1}, 32}, NameCase{"v6e-256", "v6e", {16, 16, 1}, 64},
+                      NameCase{"v4-8", "v4", {2, 2, 1}, 1}, NameCase{"v4-16", "v4", {2, 2, 2}, 2},
+                      NameCase{"v4-128", "v4", {4, 4, 4}, 16}, NameCase{"v5p-8", "v5p", {2, 2, 1}, 1},
+                      NameCase{"v5p-16", "v5p", {2, 2, 2}, 2}, NameCase{"v5p-32", "v5p", {2, 2, 4}, 4},
+                      NameCase{"v5p-64", "v5p", {2, 4, 4}, 8}, NameCase{"v5p-128", "v5p", {4, 4, 4}, 16},
+                      NameCase{"v5p-256", "v5p", {4, 4, 8}, 32}, NameCase{"v5p-512", "v5p", {4, 8, 8}, 64},
+                      NameCase{"v5p-1536", "v5p", {8, 8, 12}, 192}, NameCase{"v5p-9216", "v5p", {12, 16, 24}, 1152},
+                      NameCase{"v5p-17920", "v5p", {16, 20, 28}, 2240}, NameCase{"tpu7x-8", "tpu7x", {2, 2, 1}, 1},
+                      NameCase{"tpu7x-16", "tpu7x", {2, 2, 2}, 2}, NameCase{"tpu7x-128", "tpu7x", {4, 4, 4}, 16}),
     case_name);
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ParseName,
-    ::testing::Values(NameCase{"2x4", "v6e", {2, 4, 1}, 1},
-                      NameCase{"16x16", "v6e", {16, 16, 1}, 64},
-                      NameCase{"2x2x2", "v5p", {2, 2, 2}, 2},
-                      NameCase{"v5p:4x4x4", "v5p", {4, 4, 4}, 16},
-                      NameCase{"v5e:4x8", "v5e", {4, 8, 1}, 8},
-                      NameCase{"v4:2x2x1", "v4", {2, 2, 1}, 1},
+    ::testing::Values(NameCase{"2x4", "v6e", {2, 4, 1}, 1}, NameCase{"16x16", "v6e", {16, 16, 1}, 64},
+                      NameCase{"2x2x2", "v5p", {2, 2, 2}, 2}, NameCase{"v5p:4x4x4", "v5p", {4, 4, 4}, 16},
+                      NameCase{"v5e:4x8", "v5e", {4, 8, 1}, 8}, NameCase{"v4:2x2x1", "v4", {2, 2, 1}, 1},
                       NameCase{"tpu7x:4x4x8", "tpu7x", {4, 4, 8}, 32}),
     case_name);
 
 TEST(Parse, InvalidNamesListFormsAndGenerations) {
-  for (const char* bad : {"", "v6e-3", "v6e-512", "v5p-9", "v5p-6", "v5p-96", "v9-8", "v6e",
-                          "2", "2x2x2x2", "0x4", "v6e:2x", "v6e:32x1", "v5p:4x4", "v5e-abc",
-                          "v5p-99999999", "v6e:1x16x1x", "v6e:3x6"}) {
+  for (const char* bad : {"", "v6e-3", "v6e-512", "v5p-9", "v5p-6", "v5p-96", "v9-8", "v6e", "2", "2x2x2x2", "0x4",
+                          "v6e:2x", "v6e:32x1", "v5p:4x4", "v5e-abc", "v5p-99999999", "v6e:1x16x1x", "v6e:3x6"}) {
     SCOPED_TRACE(bad);
     try {
       Topology::parse(bad);
       ADD_FAILURE() << "expected std::invalid_argument for '" << bad << "'";
     } catch (const std::invalid_argument& e) {
       const std::string message = e.what();
-      EXPECT_NE(message.find("valid generations: v4, v5e, v5p, v6e, tpu7x"), std::string::npos)
-          << message;
+      EXPECT_NE(message.find("valid generations: v4, v5e, v5p, v6e, tpu7x"), std::string::npos) << message;
       EXPECT_NE(message.find("v5p:4x4x4"), std::string::npos) << message;
     }
   }
@@ -140,9 +132,7 @@ TEST(Parse, FromEnvPrefersTorchTpuTopology) {
     Topology::from_env();
     FAIL() << "expected std::invalid_argument";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("TORCH_TPU_TOPOLOGY: invalid TPU topology 'v6e-7'", 0),
-              0u)
-        << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind("TORCH_TPU_TOPOLOGY: invalid TPU topology 'v6e-7'", 0), 0u) << e.what();
   }
 }
 
@@ -229,7 +219,7 @@ TEST(Hops, RingDistanceWhereWrapped) {
   EXPECT_EQ(mesh.hops(0, 15), 6);
 
   const Topology cube = Topology::parse("v5p:4x4x4");
-  EXPECT_EQ(cube.hops(0, 3), 1);   // x wraps
+  EXPECT_EQ(cube.hops(0, 3), 1);  // x wraps
   EXPECT_EQ(cube.hops(0, 2), 2);
   EXPECT_EQ(cube.hops(0, 63), 3);  // (3,3,3): one hop back on each axis
   EXPECT_EQ(cube.hops(0, 42), 6);  // (2,2,2)
