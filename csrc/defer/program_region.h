@@ -1,5 +1,5 @@
 // The IR region of a torch.compile(backend="tpu") program
-// (torch_tpu/compile/graph_compiler.py): built op by op from FX nodes through
+// (torch_tpu/compile/builder.py): built op by op from FX nodes through
 // defer_and_fuse's ATen lowerings (lower.h), printed as StableHLO, compiled
 // through the process-wide CompileCache and queued on the chip's stream over
 // tpu tensors (region_launch.h). The bindings (python/compile_bindings.cc)

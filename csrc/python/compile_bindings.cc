@@ -1,5 +1,5 @@
 // torch_tpu._C._compile: the bindings of torch.compile(backend="tpu") program
-// regions (defer/program_region.h), used by torch_tpu/compile/graph_compiler.py.
+// regions (defer/program_region.h), used by torch_tpu/compile/builder.py.
 // Converts FX arguments and the disk cache's plain op records to and from the
 // region's C++ values.
 #include <pybind11/pybind11.h>

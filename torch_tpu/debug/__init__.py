@@ -75,7 +75,7 @@ def pending_ops() -> int:
 def fusible_ops() -> list[str]:
     """The ATen operators ``defer_and_fuse`` records into regions, sorted (``"aten::add.Tensor"``).
 
-    Read from the lowering table itself (``csrc/aten/defer_lower.cc``), in-place variants
+    Read from the lowering table itself (``csrc/defer/lower.cc``), in-place variants
     included; labels the table knows that are not operators of this PyTorch are left out.
     ``native_dropout`` fuses too: its tpu kernel is written in terms of ``bernoulli.p`` and
     ``mul``. An op listed here still runs strictly for arguments its lowering does not take

@@ -104,7 +104,7 @@ class Collectives:
             c = _C._ring_cost(op, n, float(payload_bytes))
             ici, steps = c["ici_bytes"], c["ici_steps"]
         else:
-            # tpu_dist's hierarchical all_reduce (csrc/distributed/hierarchy.cc): local
+            # tpu_dist's hierarchical all_reduce (csrc/distributed/hierarchical_transport.cc): local
             # reduce-scatter, all-reduce of the 1/local shard across slices, local all-gather.
             if op != "all_reduce":
                 raise NotImplementedError(f"{op} across slices is not modelled")

@@ -1,6 +1,6 @@
 """HBM accounting: physical bytes in the TPU's tiled layout, CUDA-style statistics, OOM.
 
-Physical sizes (DESIGN.md "HBM"): the two minor dimensions are padded to tiles of
+Physical sizes (docs/design.md, "HBM"): the two minor dimensions are padded to tiles of
 (8,128) for 32-bit types, (16,128) for 16-bit and (32,128) for 8-bit; 64-bit types
 keep (8,128); rank-0/1 arrays fill 4 KiB tiles densely. Every tile is 4 KiB.
 

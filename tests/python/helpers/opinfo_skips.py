@@ -17,7 +17,7 @@ opinfo_harness.py.
 
 # ---- by design / outside the backend --------------------------------------
 
-SPARSE = ("sparse layouts are not supported on tpu (README, Known limits): the op raises "
+SPARSE = ("sparse layouts are not supported on tpu (docs/limits.md): the op raises "
           "NotImplementedError by design")
 LENIENT_GN = ("tpu runs native_group_norm's CompositeExplicitAutograd decomposition (math_group_norm), "
               "which accepts non-contiguous input that CPU's kernel rejects with 'Expected "

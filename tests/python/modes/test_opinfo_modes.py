@@ -8,7 +8,7 @@ variants, and in the defer_and_fuse ones also its float32 gradient cases
 
 - ``debug``:                   every op synchronous, with bounds checks.
 - ``defer_and_fuse``:          as users get it; a region holding one recorded op
-                               runs ATen's kernel for it (README, "Single ops"),
+                               runs ATen's kernel for it (docs/eager-modes.md, "Single ops"),
                                so lone ops test recording, flushing and aliasing.
 - ``defer_and_fuse_compiled``: the same with ``TORCH_TPU_DEFER_SINGLE_OP_ATEN=0``
                                (``_C._defer_set_single_op_aten(False)``): every
