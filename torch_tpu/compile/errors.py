@@ -13,7 +13,10 @@ import functools
 def _passthrough_class(exc_type: type) -> type:
     from torch._dynamo.exc import ShortenTraceback  # not at module level: importing Dynamo costs ~1.5 s
 
-    class Passthrough(exc_type, ShortenTraceback):
+    # ShortenTraceback is a RuntimeError already: for RuntimeError (and its bases) it is the only base
+    bases = (ShortenTraceback,) if issubclass(ShortenTraceback, exc_type) else (exc_type, ShortenTraceback)
+
+    class Passthrough(*bases):
         def __init__(self, message):
             exc_type.__init__(self, message)
             self.first_useful_frame = None
