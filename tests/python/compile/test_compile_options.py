@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import torch_tpu
+from helpers.fx_graphs import uncacheable_graph
 from torch_tpu.compile import background, graph_compiler
 from torch_tpu.compile import cache as program_cache
 from torch_tpu.compile import options as compile_options
@@ -176,16 +177,7 @@ def test_bucket_configs_from_options():
 
 
 def test_serializable():
-    import operator
-
-    g = torch.fx.Graph()
-    x = g.placeholder("x")
-    y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2.0))
-    g.output((g.call_function(operator.getitem, (y, slice(0, 2))),))  # a slice: no plain-data form
-    gm = torch.fx.GraphModule(torch.nn.Module(), g)
-    xt = torch.randn(3)
-    for n in gm.graph.nodes:
-        n.meta["val"] = xt.to("tpu")
+    gm, xt = uncacheable_graph()
     with pytest.raises(RuntimeError, match="serializable.*inference program cannot be serialized.*slice"):
         graph_compiler.compile_fx_graph(gm, [xt.to("tpu")], "inference",
                                         compile_options.CompileOptions(serializable=True))
