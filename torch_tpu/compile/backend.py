@@ -215,18 +215,29 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode=None, op
 def register() -> None:
     """Register the backend and the tpu device interface with Dynamo once
     ``torch._dynamo`` is imported (importing it here would add ~1.5 s to
-    ``import torch``); at once if it already is."""
-    if "torch._dynamo" in sys.modules:
-        _register_now()
-    elif not any(isinstance(f, _DynamoImportHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _DynamoImportHook())
+    ``import torch``), at once if it already is; and Inductor's code generator for
+    ``tpu`` (:func:`.routing.guard_inductor_codegen`) once Inductor's codegen is imported."""
+    _after_import("torch._dynamo", _register_now, "torch.compile backend 'tpu' not registered")
+    _after_import("torch._inductor.codegen.common", routing.guard_inductor_codegen,
+                  "Inductor's code generator for tpu not replaced")
 
 
-class _DynamoImportHook(importlib.abc.MetaPathFinder):
-    """Runs :func:`_register_now` right after ``torch._dynamo`` finishes importing."""
+def _after_import(name: str, callback: Callable[[], None], failure: str) -> None:
+    if name in sys.modules:
+        callback()
+    elif not any(isinstance(f, _ImportHook) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _ImportHook(name, callback, failure))
+
+
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """Runs ``callback`` right after module ``name`` finishes importing (logs ``failure`` and
+    the error if it raises: a broken Dynamo or Inductor must not break their import)."""
+
+    def __init__(self, name: str, callback: Callable[[], None], failure: str):
+        self.name, self.callback, self.failure = name, callback, failure
 
     def find_spec(self, name, path, target=None):
-        if name != "torch._dynamo":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -237,9 +248,9 @@ class _DynamoImportHook(importlib.abc.MetaPathFinder):
         def exec_then_register(module):
             exec_module(module)
             try:
-                _register_now()
+                self.callback()
             except Exception as e:  # noqa: BLE001
-                log.warning("torch.compile backend 'tpu' not registered: %s", e)
+                log.warning("%s: %s", self.failure, e)
 
         spec.loader.exec_module = exec_then_register
         return spec

@@ -204,7 +204,7 @@ def async_compile(fn: Callable, warmup_inputs: Sequence) -> CompileArtifact:
     name = getattr(fn, "__name__", None) or type(getattr(fn, "_orig_mod", fn)).__name__
     art = CompileArtifact(f"async_compile({name}, {len(calls)} warmup input{'s' if len(calls) != 1 else ''})",
                           future)
-    threading.Thread(target=ctx.run, args=(warm,), name="torch_tpu-async-compile", daemon=True).start()
+    threading.Thread(target=ctx.run, args=(warm,), name="torch_tpu-async-compile").start()
     return art
 
 

@@ -16,6 +16,10 @@ A graph with any tpu tensor (an input, or a value it creates) goes to the tpu ba
 parts included (they run as library calls on the CPU); a graph without one (CPU only, CUDA,
 ...) goes to Inductor unchanged. Counted in ``compile_stats()``: ``routed_from_inductor``,
 ``left_to_inductor``; Inductor options of a routed graph in ``ignored_compiler_options``.
+
+Paths that reach Inductor's code generation for ``tpu`` some other way
+(``torch._inductor.compile_fx`` called directly, AOTInductor) meet
+:func:`guard_inductor_codegen`'s scheduling instead of Pallas: an error naming ``backend="tpu"``.
 """
 
 import logging
@@ -111,3 +115,29 @@ def _wrap_registry_entry(tpu_backend: Callable) -> None:
     inductor._torch_tpu_routed = True
     inductor.__doc__ = orig.__doc__
     registry._COMPILER_FNS["inductor"] = inductor
+
+
+INDUCTOR_TPU_ERROR = ("Inductor cannot generate code for tpu tensors in torch_tpu (its tpu code generator is "
+                      "Pallas, which needs JAX and a real TPU); compile with torch.compile(model, backend='tpu') "
+                      "-- torch.compile without backend= and backend='inductor' send tpu graphs there already")
+
+
+class _NoInductorForTpu:
+    """Inductor's scheduling and wrapper codegen for tpu: building either raises."""
+
+    supports_caching = False  # read off the wrapper class before any is built
+
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError(INDUCTOR_TPU_ERROR)
+
+    @classmethod
+    def create(cls, *args, **kwargs):
+        raise RuntimeError(INDUCTOR_TPU_ERROR)
+
+
+def guard_inductor_codegen() -> None:
+    """Register, for device ``tpu``, an Inductor scheduling and wrapper whose construction raises
+    :data:`INDUCTOR_TPU_ERROR` (Inductor registers its Pallas one only where none is registered)."""
+    from torch._inductor.codegen.common import register_backend_for_device
+
+    register_backend_for_device("tpu", _NoInductorForTpu, _NoInductorForTpu)

@@ -120,6 +120,18 @@ def test_mixed_cpu_tpu_graph_and_tpu_factories_go_to_the_tpu_backend(inductor_sp
     assert torch_tpu.compile_stats()["routed_from_inductor"] == 2 and inductor_spy == []
 
 
+def test_inductor_codegen_for_tpu_names_backend_tpu():
+    """Inductor reached directly (not through torch.compile) on tpu: a clear error, not Pallas's
+    ModuleNotFoundError for jax."""
+    import torch._inductor.compile_fx as cfx
+
+    gm = torch.fx.symbolic_trace(lambda t: t * 2 + 1)
+    with pytest.raises(Exception, match=r"Inductor cannot generate code for tpu.*backend='tpu'"):
+        cfx.compile_fx(gm, [torch.randn(3, device="tpu")])
+    x = torch.randn(3)
+    close(torch.compile(lambda t: t * 2 + 1)(x.to("tpu")), x * 2 + 1)  # still works
+
+
 def test_inductor_options_on_a_tpu_graph_are_recorded_as_ignored():
     x = torch.randn(5)
     with warnings.catch_warnings(record=True):
