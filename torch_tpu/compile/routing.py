@@ -80,6 +80,7 @@ def _wrap_torch_compile_wrapper(tpu_backend: Callable) -> None:
 
     def __call__(self, model_, inputs_, *, config_patches=None):
         if on_tpu(model_, inputs_):
+            self._torch_tpu_routed_graphs = True  # Dynamo's recompile reasons for it are recorded
             opts = dict(getattr(self, "_torch_tpu_options", {}))
             if self.name and "name" not in opts:
                 opts["name"] = self.name

@@ -206,7 +206,7 @@ def hook_recompile_reasons(tpu_backend: Callable) -> None:
     def wrapped(cache_entries, frame, backend, *args, **kwargs):
         reasons = orig(cache_entries, frame, backend, *args, **kwargs)
         fn = getattr(backend, "compiler_fn", backend)  # torch.compile's wrapper holds the backend
-        if fn is tpu_backend:
+        if fn is tpu_backend or getattr(fn, "_torch_tpu_routed_graphs", False):  # or sent graphs to it
             code = getattr(frame, "f_code", None)
             where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})" if code else "a frame"
             reason = f"{where}: " + ("; ".join(r.strip() for r in reasons) if reasons else "unknown guard failure")

@@ -1,7 +1,5 @@
 """``torch.tpu.compiler``: compiler flags for ``torch.compile`` on tpu."""
 
-from __future__ import annotations
-
 from ..compile.options import custom_compiler_options as _custom_compiler_options
 
 

@@ -86,6 +86,16 @@ def test_training_step_through_default_backend_matches_cpu():
     assert s["routed_from_inductor"] == 1 and s["graphs"] == 2  # forward and backward
 
 
+def test_guard_failures_of_the_default_backend_are_recorded():
+    f = torch.compile(lambda t: t * 2)
+    for dtype in (torch.float32, torch.float64):
+        x = torch.randn(3, dtype=dtype)
+        close(f(x.to("tpu")), x * 2)
+    s = torch_tpu.compile_stats()
+    assert s["routed_from_inductor"] == 2
+    assert any("dtype" in r for r in s["recompile_reasons"])
+
+
 def test_cpu_graph_keeps_inductor(inductor_spy):
     x = torch.randn(3)
     close(torch.compile(lambda t: t + 1)(x), x + 1)
@@ -265,7 +275,8 @@ def test_bad_options(opts, exc, match):
 
 
 def test_custom_compiler_options_signature():
-    assert str(inspect.signature(torch.tpu.compiler.custom_compiler_options)) == "(options: 'dict[str, str]')"
+    assert str(inspect.signature(torch.tpu.compiler.custom_compiler_options)) == "(options: dict[str, str])"
+    assert [n for n in dir(torch.tpu.compiler) if not n.startswith("_")] == ["custom_compiler_options"]
 
 
 def test_unknown_xla_options_are_recorded_and_warned_once():
