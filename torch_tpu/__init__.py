@@ -46,6 +46,7 @@ from . import debug  # noqa: E402,F401  (defer_and_fuse counters)
 from . import distributed  # noqa: E402,F401  (registers the tpu_dist backend)
 from . import profiler  # noqa: E402,F401  (torch.profiler device tracks)
 from .compile import compile_stats, reset_compile_stats  # noqa: E402  (torch.compile(backend="tpu"))
+from .compile import async_compile, resolve_compilations  # noqa: E402
 from .compile import register as _register_compile  # noqa: E402
 
 try:
@@ -59,4 +60,4 @@ from ._version import __version__  # noqa: E402
 
 
 __all__ = ["__version__", "eager_mode", "get_eager_mode", "set_eager_mode", "compile_stats",
-           "reset_compile_stats"]
+           "reset_compile_stats", "async_compile", "resolve_compilations"]

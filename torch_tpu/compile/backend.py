@@ -1,6 +1,7 @@
 """The Dynamo backend ``"tpu"``: AOTAutograd with core ATen decompositions, each
 forward / backward / inference graph compiled by :mod:`.graph_compiler`."""
 
+import functools
 import importlib.abc
 import importlib.util
 import logging
@@ -11,8 +12,10 @@ import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._decomp.decompositions import native_batch_norm_helper
 
-from . import device_interface, graph_compiler, stats
+from . import device_interface, graph_compiler, routing, stats
 from .dynamic import compile_bucketed
+from .errors import passthrough
+from .options import CompileOptions, effective, parse_compile_options
 
 log = logging.getLogger("torch_tpu.compile")
 
@@ -136,16 +139,16 @@ def _has_symbolic_inputs(example_inputs: Sequence) -> bool:
     return False
 
 
-def _compile_graph(kind: str):
+def _compile_graph(kind: str, opts: CompileOptions | None, source_graph: torch.fx.GraphModule):
     """The fw / bw / inference compiler for AOTAutograd."""
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: list):
-        return graph_compiler.compile_fx_graph(gm, example_inputs, kind)
+        return graph_compiler.compile_fx_graph(gm, example_inputs, kind, opts, source_graph)
 
     return compiler
 
 
-def compile_static(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
+def compile_static(gm: torch.fx.GraphModule, example_inputs: list, options: CompileOptions | None = None) -> Callable:
     """Compile a Dynamo FX graph with static shapes: AOTAutograd (core ATen
     decompositions) splits it into forward and backward graphs, and each becomes a
     program of fused kernels and library calls on the tpu device.
@@ -153,6 +156,8 @@ def compile_static(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     Args:
         gm: the graph Dynamo captured (torch-level ops).
         example_inputs: its example inputs (tensors with concrete shapes).
+        options: what the compilation is told (``torch.compile``'s options and the
+            ``custom_compiler_options`` in force, see :mod:`.options`); None: defaults.
 
     Returns:
         A callable taking the graph's inputs and returning its outputs.
@@ -163,9 +168,9 @@ def compile_static(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
     from torch._dynamo.backends.common import aot_autograd  # not at module level: importing Dynamo costs ~1.5 s
 
     backend = aot_autograd(
-        fw_compiler=_compile_graph("forward"),
-        bw_compiler=_compile_graph("backward"),
-        inference_compiler=_compile_graph("inference"),
+        fw_compiler=_compile_graph("forward", options, gm),
+        bw_compiler=_compile_graph("backward", options, gm),
+        inference_compiler=_compile_graph("inference", options, gm),
         decompositions=_decompositions(),
         keep_inference_input_mutations=True,
     )
@@ -181,11 +186,15 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode=None, op
     """The ``"tpu"`` Dynamo backend (``torch.compile(model, backend="tpu")``).
 
     ``mode`` (one of ``default``, ``reduce-overhead``, ``max-autotune``,
-    ``max-autotune-no-cudagraphs``) is accepted and compiles the same program;
-    ``options`` (Inductor's configuration keys) are ignored with a log line.
+    ``max-autotune-no-cudagraphs``) is accepted and compiles the same program. ``options``:
+    ``num_dynamic_buckets``, ``bucket_size``, ``async_compile``, ``serializable``,
+    ``debug_callback``, ``name`` (see :data:`torch_tpu.compile.options.COMPILE_OPTIONS` and
+    docs/compile.md); the ``torch.tpu.compiler.custom_compiler_options`` in force when the
+    graph is compiled apply too.
 
     Raises:
-        ValueError: an unknown ``mode``.
+        ValueError: an unknown ``mode`` or option (naming it), or an option value out of range.
+        TypeError: ``options`` not a dict, or an option value of the wrong type.
 
     Static graphs go through :func:`compile_static`. A graph with symbolic sizes
     (dynamic shapes) goes to :func:`torch_tpu.compile.dynamic.compile_bucketed`,
@@ -193,30 +202,42 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode=None, op
     cannot be made safe).
     """
     if mode is not None and mode not in _MODES:
-        raise ValueError(f"torch.compile(backend='tpu'): unknown mode {mode!r}; valid modes: {', '.join(_MODES)}")
-    if options:
-        log.info("torch.compile(backend='tpu'): options %s are Inductor's and are ignored", sorted(options))
+        raise passthrough(ValueError, f"torch.compile(backend='tpu'): unknown mode {mode!r}; valid modes: "
+                                      f"{', '.join(_MODES)}")
+    opts = effective(parse_compile_options(options))
     stats.note_dynamo_events()
     if _has_symbolic_inputs(example_inputs):
-        return compile_bucketed(gm, example_inputs, compile_static)
-    return compile_static(gm, example_inputs)
+        return compile_bucketed(gm, example_inputs, functools.partial(compile_static, options=opts),
+                                buckets=opts.bucket_config())
+    return compile_static(gm, example_inputs, opts)
 
 
 def register() -> None:
     """Register the backend and the tpu device interface with Dynamo once
     ``torch._dynamo`` is imported (importing it here would add ~1.5 s to
-    ``import torch``); at once if it already is."""
-    if "torch._dynamo" in sys.modules:
-        _register_now()
-    elif not any(isinstance(f, _DynamoImportHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _DynamoImportHook())
+    ``import torch``), at once if it already is; and Inductor's code generator for
+    ``tpu`` (:func:`.routing.guard_inductor_codegen`) once Inductor's codegen is imported."""
+    _after_import("torch._dynamo", _register_now, "torch.compile backend 'tpu' not registered")
+    _after_import("torch._inductor.codegen.common", routing.guard_inductor_codegen,
+                  "Inductor's code generator for tpu not replaced")
 
 
-class _DynamoImportHook(importlib.abc.MetaPathFinder):
-    """Runs :func:`_register_now` right after ``torch._dynamo`` finishes importing."""
+def _after_import(name: str, callback: Callable[[], None], failure: str) -> None:
+    if name in sys.modules:
+        callback()
+    elif not any(isinstance(f, _ImportHook) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _ImportHook(name, callback, failure))
+
+
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """Runs ``callback`` right after module ``name`` finishes importing (logs ``failure`` and
+    the error if it raises: a broken Dynamo or Inductor must not break their import)."""
+
+    def __init__(self, name: str, callback: Callable[[], None], failure: str):
+        self.name, self.callback, self.failure = name, callback, failure
 
     def find_spec(self, name, path, target=None):
-        if name != "torch._dynamo":
+        if name != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -227,9 +248,9 @@ class _DynamoImportHook(importlib.abc.MetaPathFinder):
         def exec_then_register(module):
             exec_module(module)
             try:
-                _register_now()
+                self.callback()
             except Exception as e:  # noqa: BLE001
-                log.warning("torch.compile backend 'tpu' not registered: %s", e)
+                log.warning("%s: %s", self.failure, e)
 
         spec.loader.exec_module = exec_then_register
         return spec
@@ -246,6 +267,7 @@ def _register_now() -> None:
     if "tpu" not in registry._COMPILER_FNS:
         register_backend(name="tpu")(tpu_backend)
     device_interface.register()
+    routing.install(tpu_backend)
     try:
         stats.hook_recompile_reasons(tpu_backend)
     except Exception as e:  # noqa: BLE001 (a Dynamo without that function: no reasons, still compiles)

@@ -35,17 +35,23 @@ MAX_REGION_NODES = 512
 
 
 def build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: str,
-                      objects: list[Any] | None = None) -> dict[str, Any]:
+                      objects: list[Any] | None = None, *, fuse: bool = True,
+                      single_op_regions: bool | None = None) -> dict[str, Any]:
     """See :func:`_build_description`; `objects`: a list that takes the Python objects
-    plain data cannot name (then the description is for this process only)."""
+    plain data cannot name (then the description is for this process only); `fuse`: False
+    makes every op a library call (no fused region); `single_op_regions`: compile regions of
+    one op into kernels too (None: ``TORCH_TPU_COMPILE_SINGLE_OP_REGIONS``)."""
+    if single_op_regions is None:
+        single_op_regions = os.environ.get("TORCH_TPU_COMPILE_SINGLE_OP_REGIONS", "0") == "1"
     with object_table(objects):
-        desc = _build_description(gm, example_inputs, kind)
+        desc = _build_description(gm, example_inputs, kind, fuse, single_op_regions)
     if objects:
         desc["_objects"] = objects
     return desc
 
 
-def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: str) -> dict[str, Any]:
+def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind: str, fuse: bool,
+                       single_op_regions: bool) -> dict[str, Any]:
     """Lower `gm` to a program description (plain data), see the module docstring;
     its peak physical HBM bytes are in it (``check_memory`` compares them with the chip).
 
@@ -60,7 +66,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     body = [n for n in nodes if n.op not in ("placeholder", "output")]
 
     # ---- partition into regions (cycle-free through library calls)
-    fusible_nodes = {n for n in body if fusible(n)}
+    fusible_nodes = {n for n in body if fusible(n)} if fuse else set()
     region_of: dict[torch.fx.Node, int] = {}
     # regions each node depends on (itself included): n may join region R unless
     # an input outside R depends on R, which would make R wait for itself
@@ -93,7 +99,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     # A region of one op runs ATen's kernel instead (a library call): fusion gains
     # nothing there, and ATen's kernel (vectorized, on the intra-op threads) is faster
     # than the executor's for a lone softmax, gelu or cast (defer_and_fuse does the same).
-    if os.environ.get("TORCH_TPU_COMPILE_SINGLE_OP_REGIONS", "0") != "1":
+    if not single_op_regions:
         for n in [n for n in region_of if region_size[region_of[n]] == 1]:
             del region_of[n]
 

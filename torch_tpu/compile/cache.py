@@ -82,10 +82,12 @@ def _meta(x) -> str:
     return f"{type(x).__name__}({x!r})"
 
 
-def program_key(gm: torch.fx.GraphModule, example_inputs: Sequence) -> str:
-    """The cache key of the program for `gm` with these inputs (hex SHA-256)."""
+def program_key(gm: torch.fx.GraphModule, example_inputs: Sequence, variant: str = "") -> str:
+    """The cache key of the program for `gm` with these inputs (hex SHA-256); `variant`: the
+    settings that change the program built from the same graph (fusion on/off, ...)."""
     h = hashlib.sha256()
     h.update(_static_key().encode())
+    h.update(f"variant={variant}".encode())
     devices = set()
     for x in example_inputs:
         h.update(_meta(x).encode())

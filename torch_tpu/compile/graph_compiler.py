@@ -25,11 +25,13 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from . import cache, stats
+from . import background, cache, stats
 from .builder import build_description
 from .description import library_ops, op_name
+from .errors import passthrough
+from .options import CompileOptions
 from .program import Program, check_memory
-from .stablehlo import dump_program
+from .stablehlo import dump_path, dump_program, module_name, to_stablehlo
 
 log = logging.getLogger("torch_tpu.compile")
 
@@ -74,13 +76,20 @@ def _cse(gm: torch.fx.GraphModule) -> int:
     return removed
 
 
-def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: list, kind: str):
+def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: list, kind: str,
+                     options: CompileOptions | None = None, source_graph: torch.fx.GraphModule | None = None):
     """AOTAutograd's compiler for one graph: the program for `gm` (boxed callable).
 
     Looks the program up in memory, then on disk (``TORCH_TPU_CACHE_DIR``), and
-    builds it otherwise. Raises torch.OutOfMemoryError when its peak physical
-    HBM bytes exceed the chip's capacity.
+    builds it otherwise (on the compile thread with ``options.async_compile``: until it is
+    ready, calls run `gm` op by op). `source_graph`: the graph handed to the pipeline
+    (Dynamo's, or a bucket's re-trace), for ``options.debug_callback``.
+
+    Raises:
+        torch.OutOfMemoryError: the program's peak physical HBM bytes exceed the chip's capacity.
+        RuntimeError: ``options.serializable`` and the program cannot be plain data.
     """
+    opts = options or CompileOptions()
     t0 = time.perf_counter()
     if _symbolic(gm, example_inputs):
         # Dynamic shapes reach here only without the bucketing pass: the graph runs as it
@@ -89,16 +98,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: list, kind: str):
         stats.add("graphs")
         stats.count_library_ops(op_name(n.target) for n in gm.graph.nodes
                                 if n.op == "call_function" and op_name(n.target))
-        run_gm = gm.forward
-
-        def run_dynamic(args: list) -> list:
-            a = list(args)
-            args.clear()
-            out = run_gm(*a)
-            return list(out) if isinstance(out, (list, tuple)) else [out]
-
-        run_dynamic._boxed_call = True
-        return run_dynamic
+        return _op_by_op(gm)
     gm.graph.eliminate_dead_code()
     _cse(gm)
     gm.graph.eliminate_dead_code()
@@ -106,11 +106,12 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: list, kind: str):
     stats.add("graphs")
     key = None
     try:
-        key = cache.program_key(gm, example_inputs)
+        key = cache.program_key(gm, example_inputs, opts.variant())
     except cache.Uncacheable as e:
+        _not_serializable(opts, kind, e)
         log.info("program not cached (%s)", e)
-    desc = None
-    source = "built"
+    name = f"{opts.name + ' ' if opts.name else ''}{kind} program {key[:12] if key else 'uncached'}"
+    desc, prog, source = None, None, "built"
     if key is not None:
         desc = cache.memory_get(key)
         if desc is not None:
@@ -119,36 +120,38 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: list, kind: str):
             desc = cache.disk_get(key)
             if desc is not None:
                 source = "disk"
-                prog = _instantiate_disk_entry(key, desc, gm, kind)
+                prog = _instantiate_disk_entry(key, desc, gm, kind, name)
                 if prog is None:
                     desc, source = None, "built"
+    if desc is None and opts.async_compile:
+        return _build_in_background(gm, example_inputs, kind, key, opts, name, source_graph)
     if desc is None:
-        try:
-            desc = build_description(gm, example_inputs, kind)
-        except cache.Uncacheable as e:
-            log.info("program not cached (%s)", e)
-            key = None
-            desc = build_description(gm, example_inputs, kind, objects=[])
-        check_memory(desc, kind)
-        if key is not None:
-            cache.disk_put(key, desc)
-        stats.add("compilations")
+        desc, prog = _build(gm, example_inputs, kind, key, opts, name)
     else:
         check_memory(desc, kind)
         stats.add("cache_hits_memory" if source == "memory" else "cache_hits_disk")
-    if key is not None:
         cache.memory_put(key, desc)
-    name = f"{kind} program {key[:12] if key else 'uncached'}"
-    if source != "disk":
-        prog = Program(desc, gm, name)
-    stats.add("regions", len(prog.regions))
-    stats.count_library_ops(library_ops(desc))
-    stats.add("compile_seconds", time.perf_counter() - t0)
-    dump = os.environ.get("TORCH_TPU_DUMP_IR")
-    if dump and source != "memory":
-        dump_program(dump, desc, key or "uncached", kind)
-    log.debug("%s: %d steps, %d regions (%d kernels), %d library calls, from %s", name, len(desc["steps"]),
-              len(prog.regions), prog.num_kernels, len(library_ops(desc)), source)
+        if prog is None:
+            prog = Program(desc, gm, name)
+    _report(prog, desc, gm, kind, key, opts, name, source, source_graph, t0)
+    return _runner(prog)
+
+
+def _op_by_op(gm: torch.fx.GraphModule):
+    """`gm` run as it is (each op dispatched on its own), as a boxed callable."""
+    run_gm = gm.forward
+
+    def run_op_by_op(args: list) -> list:
+        a = list(args)
+        args.clear()
+        out = run_gm(*a)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+    run_op_by_op._boxed_call = True
+    return run_op_by_op
+
+
+def _runner(prog: Program):
     def run(args: list) -> list:
         return prog(args)
 
@@ -157,7 +160,79 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: list, kind: str):
     return run
 
 
-def _instantiate_disk_entry(key: str, desc, gm, kind: str) -> Optional["Program"]:
+def _not_serializable(opts: CompileOptions, kind: str, e: Exception) -> None:
+    if opts.serializable:
+        raise passthrough(RuntimeError, f"torch.compile(backend='tpu', options={{'serializable': True}}): the {kind} "
+                                        f"program cannot be serialized: {e}")
+
+
+def _build(gm, example_inputs, kind: str, key: str | None, opts: CompileOptions, name: str):
+    """Build, check and cache the program of `gm`: (description, Program)."""
+    settings = {"fuse": opts.fuse, "single_op_regions": opts.single_op_regions_on()}
+    try:
+        desc = build_description(gm, example_inputs, kind, **settings)
+    except cache.Uncacheable as e:
+        _not_serializable(opts, kind, e)
+        log.info("program not cached (%s)", e)
+        key = None
+        desc = build_description(gm, example_inputs, kind, objects=[], **settings)
+    check_memory(desc, kind)
+    if key is not None:
+        cache.disk_put(key, desc)
+        cache.memory_put(key, desc)
+    stats.add("compilations")
+    return desc, Program(desc, gm, name)
+
+
+def _build_in_background(gm, example_inputs, kind, key, opts: CompileOptions, name: str, source_graph):
+    """The ``async_compile`` option: the program is built on the compile thread; calls before
+    it is ready run `gm` op by op; a failed build raises its error at every later call."""
+    eager = _op_by_op(gm)
+    ready: list = []
+
+    def build() -> None:
+        t0 = time.perf_counter()
+        desc, prog = _build(gm, example_inputs, kind, key, opts, name)
+        stats.add("async_builds")
+        _report(prog, desc, gm, kind, key, opts, name, "built", source_graph, t0)
+        ready.append(prog)
+
+    handle = background.submit(build, name)
+
+    def run(args: list) -> list:
+        if ready:
+            return ready[0](args)
+        if handle.done():
+            handle.wait()  # raises the build's error
+            return ready[0](args)
+        return eager(args)
+
+    run._boxed_call = True
+    run.artifact = handle
+    return run
+
+
+def _report(prog: Program, desc, gm, kind: str, key: str | None, opts: CompileOptions, name: str, source: str,
+            source_graph, t0: float) -> None:
+    """Counters, the StableHLO dump and ``debug_callback`` of a program just built or loaded."""
+    stats.add("regions", len(prog.regions))
+    stats.count_library_ops(library_ops(desc))
+    stats.add("compile_seconds", time.perf_counter() - t0)
+    k = key or "uncached"
+    text = None
+    folder = opts.dump_folder()
+    if folder and (source != "memory" or not os.path.exists(dump_path(folder, k, kind, opts.name))):
+        text = to_stablehlo(desc, module_name(k, kind, opts.name))
+        dump_program(folder, desc, k, kind, opts.name, text)
+    if opts.debug_callback is not None:
+        if text is None:
+            text = to_stablehlo(desc, module_name(k, kind, opts.name))
+        opts.debug_callback([g for g in (source_graph, gm) if g is not None], text)
+    log.debug("%s: %d steps, %d regions (%d kernels), %d library calls, from %s", name, len(desc["steps"]),
+              len(prog.regions), prog.num_kernels, len(library_ops(desc)), source)
+
+
+def _instantiate_disk_entry(key: str, desc, gm, kind: str, name: str) -> Optional["Program"]:
     """The program of a disk entry, or None when the entry (checksum intact) does not
     describe a valid program: another format, or a body this code cannot instantiate.
     Such an entry is reported as corrupted, removed and rebuilt."""
@@ -169,7 +244,7 @@ def _instantiate_disk_entry(key: str, desc, gm, kind: str) -> Optional["Program"
                   "peak_intermediate_bytes", "peak_step"):
             if k not in desc:
                 raise ValueError(f"missing {k!r}")
-        return Program(desc, gm, f"{kind} program {key[:12]}")
+        return Program(desc, gm, name)
     except Exception as e:  # noqa: BLE001 (any malformed body: rebuild rather than fail the user's compile)
         cache.report_corrupt_entry(key, e)
         return None

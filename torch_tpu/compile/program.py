@@ -10,6 +10,7 @@ import torch.fx
 from .. import _C
 from . import stats
 from .description import decode, object_table, records_from_json, resolve_op, step_reads
+from .errors import passthrough
 
 _RC = _C._compile
 
@@ -131,22 +132,6 @@ class Program:
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def _out_of_memory(msg: str) -> Exception:
-    """A torch.OutOfMemoryError that Dynamo lets through to the caller as it is
-    (Dynamo wraps other backend errors in BackendCompilerFailed)."""
-    try:
-        from torch._dynamo.exc import ShortenTraceback
-    except ImportError:
-        return torch.OutOfMemoryError(msg)
-
-    class ProgramOutOfMemoryError(torch.OutOfMemoryError, ShortenTraceback):
-        pass
-
-    ProgramOutOfMemoryError.__module__ = "torch"
-    ProgramOutOfMemoryError.__qualname__ = "OutOfMemoryError"
-    return ProgramOutOfMemoryError(msg, first_useful_frame=None)
-
-
 def check_memory(desc: dict[str, Any], kind: str) -> None:
     """Raise torch.OutOfMemoryError when the program's peak exceeds the chip's HBM."""
     peak = desc["input_bytes"] + desc["peak_intermediate_bytes"]
@@ -158,7 +143,8 @@ def check_memory(desc: dict[str, Any], kind: str) -> None:
         if st is not None:
             where = f" (peak at step {desc['peak_step']}: " + (
                 f"fused region of {len(st['ops'])} ops" if st["kind"] == "region" else st.get("op", st["kind"])) + ")"
-        raise _out_of_memory(
+        raise passthrough(
+            torch.OutOfMemoryError,
             f"torch.compile(backend='tpu'): the {kind} program needs {peak} physical HBM bytes at its peak "
             f"({desc['input_bytes']} in inputs + {desc['peak_intermediate_bytes']} in intermediates{where}), "
             f"more than the capacity of tpu:{dev}, {cap} bytes (TORCH_TPU_HBM_BYTES sets it)")

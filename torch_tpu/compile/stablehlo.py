@@ -3,6 +3,7 @@ fused region, a ``main`` calling them in order, library calls as ``stablehlo.cus
 
 import logging
 import os
+import re
 from typing import Any
 
 import torch
@@ -87,11 +88,23 @@ def _describe_args(enc) -> str:
     return fmt(enc).replace('"', "'")
 
 
-def dump_program(folder: str, desc, key: str, kind: str) -> None:
+def module_name(key: str, kind: str, name: str | None = None) -> str:
+    """The StableHLO module / dump file stem of a program: ``[<name>_]<kind>_<key[:16]>``
+    (``name`` reduced to letters, digits and ``_``)."""
+    stem = f"{kind}_{key[:16]}"
+    return f"{re.sub(r'[^A-Za-z0-9_]', '_', name)}_{stem}" if name else stem
+
+
+def dump_path(folder: str, key: str, kind: str, name: str | None = None) -> str:
+    return os.path.join(folder, f"program_{module_name(key, kind, name)}.mlir")
+
+
+def dump_program(folder: str, desc, key: str, kind: str, name: str | None = None, text: str | None = None) -> None:
+    """Write the program as StableHLO text to :func:`dump_path` (``text``: already printed)."""
     try:
         os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"program_{kind}_{key[:16]}.mlir")
+        path = dump_path(folder, key, kind, name)
         with open(path, "w") as f:
-            f.write(to_stablehlo(desc, f"{kind}_{key[:16]}"))
+            f.write(text if text is not None else to_stablehlo(desc, module_name(key, kind, name)))
     except OSError as e:
-        log.warning("TORCH_TPU_DUMP_IR: could not write %s: %s", folder, e)
+        log.warning("TORCH_TPU_DUMP_IR / xla_dump_to: could not write %s: %s", folder, e)

@@ -11,6 +11,7 @@ import collections
 import logging
 import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,10 @@ def _fresh_compile() -> dict[str, Any]:
         "graph_break_reasons": [],
         "corrupt_cache_entries": 0,
         "programs_run": 0,
+        "ignored_compiler_options": collections.Counter(),
+        "routed_from_inductor": 0,
+        "left_to_inductor": 0,
+        "async_builds": 0,
     }
 
 
@@ -56,6 +61,23 @@ def append(key: str, value) -> None:
 def count_library_ops(names) -> None:
     with _lock:
         _stats["library_calls"].update(names)
+
+
+_warned_options: set[str] = set()
+
+
+def note_ignored_option(name: str, why: str, stacklevel: int = 2) -> None:
+    """A compiler option given to us that changes nothing here: counted in
+    ``compile_stats()["ignored_compiler_options"]``, warned about once per name per process."""
+    with _lock:
+        _stats["ignored_compiler_options"][name] += 1
+        first = name not in _warned_options
+        _warned_options.add(name)
+    if first:
+        warnings.warn(f"torch_tpu: compiler option {name!r} is ignored: {why} (counted in "
+                      f"torch_tpu.compile_stats()['ignored_compiler_options'])", UserWarning,
+                      stacklevel=stacklevel + 1)
+    log.info("compiler option %r ignored: %s", name, why)
 
 
 def note_bucketing(kind: str | None, reason: str) -> None:
@@ -99,6 +121,14 @@ def compile_stats() -> dict[str, Any]:
     * ``graph_breaks`` / ``graph_break_reasons``: Dynamo graph breaks (count and reasons).
     * ``corrupt_cache_entries``: disk entries found truncated or corrupted (rebuilt).
     * ``programs_run``: program executions.
+    * ``ignored_compiler_options``: ``{name: n}``, compiler options handed to us that change
+      nothing here: ``torch.tpu.compiler.custom_compiler_options`` names we cannot apply
+      (counted once per entry of the context), Inductor options of a ``torch.compile`` whose
+      graph went to the tpu backend (counted once per graph). Each is warned about once.
+    * ``routed_from_inductor``: graphs ``torch.compile``'s default backend (Inductor, or
+      ``backend="inductor"``) handed to the tpu backend because they hold tpu tensors;
+      ``left_to_inductor``: graphs it left to Inductor (no tpu tensor).
+    * ``async_builds``: programs built on the background thread (``options={"async_compile": True}``).
     """
     if "torch._dynamo" in sys.modules:
         note_dynamo_events()
@@ -176,7 +206,7 @@ def hook_recompile_reasons(tpu_backend: Callable) -> None:
     def wrapped(cache_entries, frame, backend, *args, **kwargs):
         reasons = orig(cache_entries, frame, backend, *args, **kwargs)
         fn = getattr(backend, "compiler_fn", backend)  # torch.compile's wrapper holds the backend
-        if fn is tpu_backend:
+        if fn is tpu_backend or getattr(fn, "_torch_tpu_routed_graphs", False):  # or sent graphs to it
             code = getattr(frame, "f_code", None)
             where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})" if code else "a frame"
             reason = f"{where}: " + ("; ".join(r.strip() for r in reasons) if reasons else "unknown guard failure")

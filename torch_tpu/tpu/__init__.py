@@ -18,7 +18,10 @@ from typing import Any
 import torch
 
 from .. import _C
-from . import _utils  # noqa: F401
+from . import (
+    _utils,  # noqa: F401
+    compiler,  # noqa: F401  (torch.tpu.compiler)
+)
 from ._utils import _device_index
 from .memory import (  # noqa: F401
     empty_cache,

@@ -123,18 +123,10 @@ def test_uncovered_op_is_a_library_call_on_the_chip():
 
 
 def test_graph_plain_data_cannot_describe_runs_uncached(caplog):
-    import operator
-
+    from helpers.fx_graphs import uncacheable_graph
     from torch_tpu.compile import graph_compiler
 
-    g = torch.fx.Graph()
-    x = g.placeholder("x")
-    y = g.call_function(torch.ops.aten.mul.Tensor, (x, 2.0))
-    g.output((g.call_function(operator.getitem, (y, slice(0, 2))),))  # a slice: no plain-data form
-    gm = torch.fx.GraphModule(torch.nn.Module(), g)
-    xt = torch.randn(3)
-    for n in gm.graph.nodes:
-        n.meta["val"] = xt.to("tpu")
+    gm, xt = uncacheable_graph()
     with caplog.at_level(logging.INFO, logger="torch_tpu.compile"):
         run = graph_compiler.compile_fx_graph(gm, [xt.to("tpu")], "inference")
     close(run([xt.to("tpu")])[0], (xt * 2)[0:2])

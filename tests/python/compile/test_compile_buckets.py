@@ -35,9 +35,9 @@ def fresh(monkeypatch, tmp_path):
     calls = []
     orig = tpu_backend_mod.compile_static
 
-    def counting(gm, example_inputs):
+    def counting(gm, example_inputs, *args, **kwargs):
         calls.append([tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor)])
-        return orig(gm, example_inputs)
+        return orig(gm, example_inputs, *args, **kwargs)
 
     monkeypatch.setattr(tpu_backend_mod, "compile_static", counting)
     yield calls

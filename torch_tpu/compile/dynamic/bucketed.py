@@ -12,7 +12,7 @@ import torch.fx
 
 from .. import stats
 from .analysis import analyze
-from .config import get_buckets
+from .config import BucketConfig, get_buckets
 from .mask import simple
 from .masking import mask_padded_graph
 from .padding import input_device, length_tensor, pad_inputs, unpad_outputs
@@ -25,9 +25,10 @@ log = logging.getLogger("torch_tpu.compile")
 class _BucketedFunction:
     """What :func:`compile_bucketed` returns: picks, compiles and runs a bucket's program."""
 
-    def __init__(self, gm, example_inputs, compile_static):
+    def __init__(self, gm, example_inputs, compile_static, buckets=None):
         self.gm = gm
         self.compile_static = compile_static
+        self.buckets = buckets  # a BucketConfig, or None: the configuration in force at each call
         self.analysis = analyze(gm)
         self.programs: dict[Any, Callable] = {}
         self.exact_syms = set()  # dynamic sizes whose padding the masking cannot make safe
@@ -59,7 +60,7 @@ class _BucketedFunction:
             # sizes found unsafe to pad stay exact (part of the key); the others are bucketed
             bsyms = [s for s in a.symbols if s not in self.exact_syms]
             value_syms = {s: v for s, v in true.items() if s not in bsyms}
-            cfg = get_buckets()
+            cfg = self.buckets or get_buckets()
             buckets = {}
             why_exact = self.unsupported
             if why_exact is None:
@@ -67,7 +68,8 @@ class _BucketedFunction:
                     b = cfg.bucket(true[s])
                     if b is None:
                         why_exact = ("bucketing is off" if not cfg.enabled else
-                                     f"{s}={true[s]} is past the largest bucket {cfg.sizes[-1]}")
+                                     f"{s}={true[s]} is past the largest bucket {cfg.sizes[-1]}" if cfg.sizes
+                                     else f"{s}={true[s]} has no bucket")
                         break
                     buckets[s] = b
             if why_exact is not None:
@@ -162,7 +164,7 @@ class _BucketedFunction:
 
 
 def compile_bucketed(gm: torch.fx.GraphModule, example_inputs: Sequence,
-                     compile_static: Callable) -> Callable:
+                     compile_static: Callable, buckets: BucketConfig | None = None) -> Callable:
     """Compile a Dynamo graph with symbolic sizes so that each bucket of sizes compiles once.
 
     Args:
@@ -186,7 +188,7 @@ def compile_bucketed(gm: torch.fx.GraphModule, example_inputs: Sequence,
         ValueError: ``TORCH_TPU_COMPILE_BUCKETS`` does not parse (at the first call).
     """
     get_buckets()  # a bad environment variable fails at compile time, with its name
-    fn = _BucketedFunction(gm, example_inputs, compile_static)
+    fn = _BucketedFunction(gm, example_inputs, compile_static, buckets)
     if not fn.analysis.symbols:
         # only ints are symbolic (no tensor size to pad): one program serves every value
         return compile_static(gm, example_inputs)

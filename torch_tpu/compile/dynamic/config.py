@@ -5,6 +5,8 @@ import os
 import threading
 from dataclasses import dataclass
 
+from ..errors import passthrough
+
 ENV_VAR = "TORCH_TPU_COMPILE_BUCKETS"
 DEFAULT_SPEC = "1,2,4,8,16,32,64,128,+128"
 
@@ -43,21 +45,8 @@ class BucketConfig:
 
 
 def _config_error(msg: str) -> ValueError:
-    """A ValueError that torch.compile lets through to the caller as it is (Dynamo wraps
-    other backend errors in BackendCompilerFailed)."""
-    try:
-        from torch._dynamo.exc import ShortenTraceback
-    except ImportError:
-        return ValueError(msg)
-
-    class BucketSpecError(ValueError, ShortenTraceback):
-        def __init__(self, message):
-            ValueError.__init__(self, message)
-            self.first_useful_frame = None
-
-    BucketSpecError.__module__ = "builtins"
-    BucketSpecError.__name__ = BucketSpecError.__qualname__ = "ValueError"
-    return BucketSpecError(msg)
+    """A ValueError that torch.compile lets through to the caller as it is."""
+    return passthrough(ValueError, msg)
 
 
 def parse_buckets(spec) -> BucketConfig:
