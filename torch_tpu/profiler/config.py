@@ -31,6 +31,9 @@ from .. import _C
 
 __all__ = ["TpuProfilerConfig", "trace_file_path"]
 
+#: What an ``experimental_options`` value may be.
+_ExperimentalValue = bool | int | float | str
+
 #: Known ``experimental_options`` keys and the types their values must have.
 EXPERIMENTAL_OPTIONS: dict[str, type] = {
     "gzip": bool,
@@ -189,7 +192,7 @@ class TpuProfilerConfig(_ExperimentalConfig):
         python_tracer_level: int = 0,
         run_dir: os.PathLike[str] | str | None = None,
         worker_rank: str | None = None,
-        experimental_options: Mapping[str, bool | int | float | str] | None = None,
+        experimental_options: Mapping[str, _ExperimentalValue] | None = None,
         check_experimental_options: bool = True,
     ) -> None:
         levels = {
@@ -317,16 +320,38 @@ def trace_file_path(run_dir: str, worker: str | None = None, *, host: str | None
 
 
 _installed = False
+_capture_owner = None  # the profiler of the on-demand capture in flight (server.py), or None
+
+
+@contextlib.contextmanager
+def exclusive_profiler(prof) -> Iterator[None]:
+    """While the block runs, any other ``torch.profiler`` profile that starts raises RuntimeError.
+
+    For the capture server: Kineto runs one session per process, and a second one started on
+    another thread while a capture runs crashes the process.
+    """
+    global _capture_owner
+    _install_seams()
+    _capture_owner = prof
+    try:
+        yield
+    finally:
+        _capture_owner = None
 
 
 def _install_seams() -> None:
-    """Wraps ``_KinetoProfile.__init__`` and ``stop_trace`` once (no-ops for other configs)."""
+    """Wraps ``_KinetoProfile.__init__``, ``prepare_trace`` and ``stop_trace`` once.
+
+    The wrappers do nothing for another ``experimental_config``, except that ``prepare_trace``
+    raises while an on-demand capture runs (:func:`exclusive_profiler`).
+    """
     global _installed
     if _installed:
         return
     from torch.profiler.profiler import _KinetoProfile
 
     original_init = _KinetoProfile.__init__
+    original_prepare = _KinetoProfile.prepare_trace
     original_stop = _KinetoProfile.stop_trace
 
     @functools.wraps(original_init)
@@ -335,6 +360,16 @@ def _install_seams() -> None:
         if isinstance(config, TpuProfilerConfig):
             kwargs = config._profile_kwargs(kwargs)
         original_init(self, *args, **kwargs)
+
+    @functools.wraps(original_prepare)
+    def prepare_trace(self):
+        owner = _capture_owner
+        if owner is not None and owner is not self:
+            raise RuntimeError(
+                "torch.profiler: a torch.tpu.profiler capture (start_server) is running in this process, and "
+                "Kineto runs one profiling session at a time: start this profiler after the capture ends"
+            )
+        original_prepare(self)
 
     @functools.wraps(original_stop)
     def stop_trace(self):
@@ -347,6 +382,7 @@ def _install_seams() -> None:
             config._write(self)
 
     _KinetoProfile.__init__ = __init__
+    _KinetoProfile.prepare_trace = prepare_trace
     _KinetoProfile.stop_trace = stop_trace
     _installed = True
 

@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 
-from .config import TpuProfilerConfig
+from .config import TpuProfilerConfig, exclusive_profiler
 
 __all__ = ["start_server", "stop_server", "server_address", "capture_trace", "MAX_DURATION_MS"]
 
@@ -77,8 +77,9 @@ def capture_trace(
     try:
         if torch.autograd.profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled():
             raise RuntimeError("a torch.profiler session is already running in this process")
+        prof = torch.profiler.profile(experimental_config=config)
         with tempfile.TemporaryDirectory(prefix="torch_tpu_capture_") as tmp:
-            with torch.profiler.profile(experimental_config=config) as prof:
+            with exclusive_profiler(prof), prof:
                 time.sleep(duration_ms / 1000)
             path = os.path.join(tmp, "trace.json")
             prof.export_chrome_trace(path)

@@ -347,6 +347,30 @@ def test_server_bad_requests(server):
     assert _get(server, "/capture?duration_ms=10")[0] == 200  # still serving
 
 
+def test_a_profiler_started_during_a_capture_raises(server):
+    # Kineto runs one session per process (a second one crashes it): refused until the capture ends.
+    result = {}
+    request = threading.Thread(target=lambda: result.update(reply=_get(server, "/capture?duration_ms=1500")))
+    request.start()
+    try:
+        deadline = time.monotonic() + 30
+        while server_mod._capture_lock.acquire(blocking=False):  # wait for the capture to begin
+            server_mod._capture_lock.release()
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        busy = _get(server, "/capture?duration_ms=10")
+        with pytest.raises(RuntimeError, match="a torch.tpu.profiler capture .* is running"):
+            with profile():
+                _work()
+    finally:
+        request.join()
+    assert busy[0] == 409 and "a capture is already running" in json.loads(busy[1])["error"]
+    assert result["reply"][0] == 200
+    with profile() as prof:  # after the capture
+        _work()
+    assert {e.key: e for e in prof.key_averages()}["aten::mm"].count >= MMS
+
+
 def test_start_and_stop_errors(server):
     with pytest.raises(RuntimeError, match="already running on port"):
         torch.tpu.profiler.start_server(0)
