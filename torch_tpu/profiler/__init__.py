@@ -27,6 +27,11 @@ the topology's (``TORCH_TPU_TOPOLOGY``) unless :func:`set_generation` or
 
 When no profiler with ``ProfilerActivity.PrivateUse1`` runs, nothing is recorded: each hook
 site costs one atomic load.
+
+TorchTPU's names, also ``torch.tpu.profiler``'s: :class:`TpuProfilerConfig` (``config.py``:
+``experimental_config`` with tracer levels and ``run_dir`` in the TensorBoard layout) and
+:func:`start_server` / :func:`stop_server` (``server.py``: on-demand capture by
+``python -m torch_tpu.profiler capture``, ``__main__.py``). See docs/profiler.md.
 """
 
 from __future__ import annotations

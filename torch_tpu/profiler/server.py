@@ -53,7 +53,9 @@ def capture_trace(
 ) -> bytes:
     """Profiles every thread of this process for ``duration_ms`` ms; returns the trace (JSON bytes).
 
-    What the server runs for each request; callable directly from any thread. The levels are
+    What the server runs for each request; callable directly from any thread (after a first
+    profile on the thread that imported torch, as :func:`start_server` runs one, or Kineto
+    prints "External init callback must run in same thread"). The levels are
     :class:`TpuProfilerConfig`'s.
 
     Raises:
