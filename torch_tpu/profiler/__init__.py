@@ -27,6 +27,11 @@ the topology's (``TORCH_TPU_TOPOLOGY``) unless :func:`set_generation` or
 
 When no profiler with ``ProfilerActivity.PrivateUse1`` runs, nothing is recorded: each hook
 site costs one atomic load.
+
+TorchTPU's names, also ``torch.tpu.profiler``'s: :class:`TpuProfilerConfig` (``config.py``:
+``experimental_config`` with tracer levels and ``run_dir`` in the TensorBoard layout) and
+:func:`start_server` / :func:`stop_server` (``server.py``: on-demand capture by
+``python -m torch_tpu.profiler capture``, ``__main__.py``). See docs/profiler.md.
 """
 
 from __future__ import annotations
@@ -39,8 +44,13 @@ from collections.abc import Iterator
 from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
 from .. import _C
+from .config import TpuProfilerConfig, generation_scope
+from .server import start_server, stop_server
 
-__all__ = ["set_generation", "get_generation", "trace", "recorder_stats", "GENERATIONS"]
+__all__ = [
+    "set_generation", "get_generation", "trace", "recorder_stats", "GENERATIONS", "TpuProfilerConfig",
+    "start_server", "stop_server",
+]
 
 #: Generations the device tracks can be estimated for (the table in ``csrc/vtpu/spec.cc``).
 GENERATIONS = tuple(g["generation"] for g in _C._generations())
@@ -112,11 +122,7 @@ def trace(
     Raises:
         ValueError: unknown ``generation``.
     """
-    previous = None
-    if generation is not None:
-        previous = _C._profiler_generation_setting()
-        set_generation(generation)
-    try:
+    with generation_scope(generation):
         if worker_name is None:
             worker_name = f"{socket.gethostname()}_{os.getpid()}"
         handler = tensorboard_trace_handler(dir_name, worker_name=worker_name)
@@ -128,6 +134,3 @@ def trace(
             with_stack=with_stack,
         ) as prof:
             yield prof
-    finally:
-        if generation is not None:
-            _C._profiler_set_generation(previous)
