@@ -8,18 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_tpu
-from torch_tpu.compile import cache as program_cache
+from helpers.compile_state import fresh  # noqa: F401  (autouse fixture)
 from torch_tpu.tpu import optimizers as O
-
-
-@pytest.fixture(autouse=True)
-def fresh(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_TPU_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    program_cache.clear_memory_cache()
-    torch_tpu.reset_compile_stats()
-    yield
-    torch._dynamo.reset()
 
 
 class Classifier(nn.Module):
