@@ -106,7 +106,7 @@ def test_adamw_capturable_false_keeps_the_step_on_cpu():
 ])
 def test_sgd_matches_torch_optim(kw):
     state_map = {"momentum_buffer": "momentum_buffer"} if kw.get("momentum") else {}
-    run_against(torch.optim.SGD, kw, O.Sgd(**kw), atol=1e-7, rtol=1e-7, state_map=state_map)
+    run_against(torch.optim.SGD, kw, O.Sgd(**kw), atol=0, rtol=0, state_map=state_map)
 
 
 @pytest.mark.parametrize("kw", [
