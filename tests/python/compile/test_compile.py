@@ -15,19 +15,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_tpu
+from helpers.compile_state import fresh  # noqa: F401  (autouse fixture)
 from helpers.paths import EXAMPLES_DIR
 from torch_tpu.compile import cache as program_cache
-
-
-@pytest.fixture(autouse=True)
-def fresh(tmp_path, monkeypatch):
-    """Each test: its own cache folder, no programs from earlier tests, zeroed counters."""
-    monkeypatch.setenv("TORCH_TPU_CACHE_DIR", str(tmp_path / "cache"))
-    torch._dynamo.reset()
-    program_cache.clear_memory_cache()
-    torch_tpu.reset_compile_stats()
-    yield
-    torch._dynamo.reset()
 
 
 def close(a, b, atol=1e-5, rtol=1.3e-6):

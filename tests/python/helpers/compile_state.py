@@ -1,0 +1,18 @@
+"""An autouse fixture for compile tests: import it into a test module (``from helpers.compile_state import fresh``)."""
+
+import pytest
+import torch
+
+import torch_tpu
+from torch_tpu.compile import cache as program_cache
+
+
+@pytest.fixture(autouse=True)
+def fresh(tmp_path, monkeypatch):
+    """Each test: its own cache folder, no programs from earlier tests, zeroed counters."""
+    monkeypatch.setenv("TORCH_TPU_CACHE_DIR", str(tmp_path / "cache"))
+    torch._dynamo.reset()
+    program_cache.clear_memory_cache()
+    torch_tpu.reset_compile_stats()
+    yield
+    torch._dynamo.reset()
