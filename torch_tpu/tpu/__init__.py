@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .. import _C
-from . import _utils  # noqa: F401
+from . import _utils, distributed  # noqa: F401  (distributed: torch.tpu.distributed)
 from ._utils import _device_index
 from .memory import (  # noqa: F401
     empty_cache,
