@@ -608,16 +608,21 @@ def scenario_stall():
     os._exit(0)
 
 
+def attempt_into(result, name, fn):
+    """result[name] = None if fn() returns, else "ExceptionType: message"."""
+    try:
+        fn()
+        result[name] = None
+    except Exception as e:  # noqa: BLE001
+        result[name] = f"{type(e).__name__}: {e}"
+
+
 def scenario_mismatch():
     dev = init(timeout=20)
     result = {}
 
     def attempt(name, fn):
-        try:
-            fn()
-            result[name] = None
-        except Exception as e:  # noqa: BLE001
-            result[name] = f"{type(e).__name__}: {e}"
+        attempt_into(result, name, fn)
 
     attempt("numel", lambda: dist.all_reduce(torch.ones(10 + 2 * RANK, device=dev)))
     attempt("dtype", lambda: dist.all_reduce(
@@ -661,11 +666,7 @@ def scenario_multislice():
         return fn()
 
     def attempt(name, fn):
-        try:
-            fn()
-            result[name] = None
-        except Exception as e:  # noqa: BLE001
-            result[name] = f"{type(e).__name__}: {e}"
+        attempt_into(result, name, fn)
 
     ici = mesh.get_group("ici")
     shape = (2, 3) if RANK % 2 == 0 else (3, 2)  # same element count
