@@ -97,8 +97,21 @@ double premul_factor(const c10d::ReduceOp& op) {
   return s->double_factor;
 }
 
+namespace {
+thread_local bool t_spmd_check = false;
+}  // namespace
+
+bool set_spmd_check(bool enabled) {
+  const bool previous = t_spmd_check;
+  t_spmd_check = enabled;
+  return previous;
+}
+
+bool spmd_check() { return t_spmd_check; }
+
 Descriptor describe(OpKind op, const at::Tensor& t, int redop, int64_t numel, int64_t root) {
   Descriptor d;
+  d.spmd = t_spmd_check ? 1 : 0;
   d.op = static_cast<int32_t>(op);
   d.redop = redop;
   d.numel = numel;

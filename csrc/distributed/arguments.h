@@ -37,7 +37,13 @@ void check_root(int64_t root, int size, const char* op);
 double premul_factor(const c10d::ReduceOp& op);
 
 // What this rank publishes at arrival; `t` gives dtype, sizes and chip (undefined: none).
+// Marked `spmd` when the calling thread is inside spmd_safe (set_spmd_check).
 Descriptor describe(OpKind op, const at::Tensor& t, int redop, int64_t numel, int64_t root);
+// The calling thread's spmd_safe check (torch.tpu.distributed.spmd_safe): while on, the
+// collectives it issues are compared with the sizes of their tensors too, and across hosts
+// (over DCN) as well as within a host. Returns the previous setting.
+bool set_spmd_check(bool enabled);
+bool spmd_check();
 // The packing of an all_to_all that sends `send_bytes[q]` to and receives `recv_bytes[q]` from each peer q.
 Splits splits_of(const std::vector<int64_t>& send_bytes, const std::vector<int64_t>& recv_bytes);
 

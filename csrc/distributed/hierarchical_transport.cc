@@ -5,6 +5,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 #include <thread>
@@ -161,7 +162,27 @@ void HierarchicalTransport::record_dcn(int device, double payload, double ici_by
   record_cost(device, c);
 }
 
+void HierarchicalTransport::check_spmd(const Call& c) {
+  if (!c.desc.spmd) return;
+  constexpr int64_t kBytes = sizeof(Descriptor);
+  const int n = opts_.size;
+  Descriptor mine = c.desc;
+  mine.seq = c.seq;
+  at::Tensor in = at::empty({kBytes}, at::kByte);
+  std::memcpy(in.data_ptr(), &mine, kBytes);
+  at::Tensor all = at::empty({n * kBytes}, at::kByte);
+  dcn_wait(opts_.flat->_allgather_base(all, in),
+           c.what + " [the spmd_safe check across hosts: every rank must issue it inside spmd_safe]");
+  std::vector<Descriptor> descs(n);
+  for (int r = 0; r < n; ++r) std::memcpy(&descs[r], all.data_ptr<uint8_t>() + r * kBytes, kBytes);
+  const std::string disagree = disagreement(descs, c.seq, [&](int r) {
+    return "rank " + std::to_string(r) + " (host " + std::to_string(hier_.host_of_rank[r]) + ")";
+  });
+  TORCH_CHECK(disagree.empty(), "tpu_dist ", c.what, " in group '", opts_.group_name, "': ", disagree);
+}
+
 void HierarchicalTransport::all_reduce(const Call& c, const at::Tensor& tensor, int redop, double factor) {
+  check_spmd(c);
   if (redop == RedOp::PREMUL_SUM) {
     tensor.mul_(factor);
     redop = RedOp::SUM;
@@ -215,6 +236,7 @@ void HierarchicalTransport::all_reduce(const Call& c, const at::Tensor& tensor, 
 }
 
 void HierarchicalTransport::all_gather(const Call& c, const at::Tensor& input, const std::vector<at::Tensor>& outputs) {
+  check_spmd(c);
   const int n = opts_.size;
   const int64_t count = input.numel();
   at::Tensor all = outputs.size() == 1 ? outputs[0].reshape({-1}) : at::empty({n * count}, input.options());
@@ -262,6 +284,7 @@ void HierarchicalTransport::all_gather_into(const at::Tensor& input, const at::T
 
 void HierarchicalTransport::reduce_scatter(const Call& c, const at::Tensor& blocks, const at::Tensor& result,
                                            int redop) {
+  check_spmd(c);
   const at::Tensor input = blocks.reshape({-1});
   const at::Tensor output = result.reshape({-1});
   const std::string& what = c.what;
@@ -309,6 +332,7 @@ void HierarchicalTransport::reduce_scatter(const Call& c, const at::Tensor& bloc
 }
 
 void HierarchicalTransport::broadcast(const Call& c, const at::Tensor& data, int root) {
+  check_spmd(c);
   const std::string& what = c.what;
   const int device = c.device;
   const int64_t bytes = data.numel() * data.element_size();
@@ -336,6 +360,7 @@ void HierarchicalTransport::broadcast(const Call& c, const at::Tensor& data, int
 }
 
 void HierarchicalTransport::barrier(const Call& c) {
+  check_spmd(c);
   const std::string& what = c.what;
   const int device = c.device;
   if (group_.size() > 1) local_arrive(OpKind::kBarrier, at::Tensor(), 0, 0, -1, what);
@@ -348,6 +373,7 @@ void HierarchicalTransport::barrier(const Call& c) {
 // ---------------------------------------------------------------- on the flat gloo group
 
 void HierarchicalTransport::reduce(const Call& c, const at::Tensor& data, int redop, double factor, int root) {
+  check_spmd(c);
   at::Tensor t = opts_.rank == root ? data : data.clone();
   if (redop == RedOp::PREMUL_SUM) t.mul_(factor);
   c10d::ReduceOptions o;
@@ -362,6 +388,7 @@ void HierarchicalTransport::reduce(const Call& c, const at::Tensor& data, int re
 
 void HierarchicalTransport::gather(const Call& c, const at::Tensor& input, const std::vector<at::Tensor>& outputs,
                                    int root) {
+  check_spmd(c);
   std::vector<std::vector<at::Tensor>> outs(1, outputs);
   if (opts_.rank != root) outs.clear();
   std::vector<at::Tensor> ins{input};
@@ -374,6 +401,7 @@ void HierarchicalTransport::gather(const Call& c, const at::Tensor& input, const
 
 void HierarchicalTransport::scatter(const Call& c, const std::vector<at::Tensor>& inputs, const at::Tensor& output,
                                     int root) {
+  check_spmd(c);
   std::vector<std::vector<at::Tensor>> ins(1, inputs);
   if (opts_.rank != root) ins.clear();
   std::vector<at::Tensor> outs{output};
@@ -386,6 +414,7 @@ void HierarchicalTransport::scatter(const Call& c, const std::vector<at::Tensor>
 
 void HierarchicalTransport::all_to_all(const Call& c, const at::Tensor& input, const at::Tensor& output,
                                        const Splits& splits) {
+  check_spmd(c);
   const int n = opts_.size;
   std::vector<int64_t> send(splits.counts.begin(), splits.counts.begin() + n);
   std::vector<int64_t> recv(splits.counts.begin() + n, splits.counts.end());

@@ -67,6 +67,10 @@ class HierarchicalTransport : public Transport {
   void stop() override;
 
  private:
+  // Inside spmd_safe (c.desc.spmd): every rank's descriptor, gathered over the flat gloo
+  // group, must agree (shapes included) before data moves; else the same RuntimeError on
+  // every rank. Outside it only the host-local parts are checked.
+  void check_spmd(const Call& c);
   // Local sub-collectives use their own sequence numbers.
   Arrival local_arrive(OpKind op, const at::Tensor& like, int redop, int64_t numel, int64_t root,
                        const std::string& what);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <sstream>
 
 namespace torch_tpu::dist {
@@ -17,6 +18,8 @@ bool uses_root(OpKind op) {
   return op == OpKind::kBroadcast || op == OpKind::kGather || op == OpKind::kScatter || op == OpKind::kReduce;
 }
 bool uses_numel(OpKind op) { return op != OpKind::kAllToAll && op != OpKind::kBarrier; }
+
+}  // namespace
 
 std::string summary(const Descriptor& d) {
   std::ostringstream os;
@@ -31,8 +34,36 @@ std::string summary(const Descriptor& d) {
     if (uses_root(op)) os << ", root " << d.root;
   }
   os << ") #" << d.seq;
+  if (d.spmd) os << " [spmd_safe]";
   return os.str();
 }
+
+bool descriptors_agree(const Descriptor& a, const Descriptor& b, uint64_t seq, bool shapes) {
+  const auto op = static_cast<OpKind>(a.op);
+  bool agree = a.seq == seq && b.seq == seq && a.op == b.op && (op == OpKind::kBarrier || a.dtype == b.dtype) &&
+               (!uses_redop(op) || a.redop == b.redop) && (!uses_numel(op) || a.numel == b.numel) &&
+               (!uses_root(op) || a.root == b.root);
+  if (agree && shapes && uses_numel(op)) {
+    agree = a.ndim == b.ndim && std::equal(a.sizes, a.sizes + std::min(a.ndim, kMaxDims), b.sizes);
+  }
+  return agree;
+}
+
+std::string disagreement(const std::vector<Descriptor>& descs, uint64_t seq,
+                         const std::function<std::string(int)>& rank_name) {
+  const bool shapes = std::any_of(descs.begin(), descs.end(), [](const Descriptor& d) { return d.spmd != 0; });
+  bool agree = true;
+  for (size_t r = 1; r < descs.size() && agree; ++r) agree = descriptors_agree(descs[r], descs[0], seq, shapes);
+  if (agree) return {};
+  std::ostringstream os;
+  os << (shapes ? "ranks called different collectives or disagree on reduce op, dtype, shape, element count or root "
+                  "(spmd_safe compares shapes too):"
+                : "ranks called different collectives or disagree on reduce op, dtype, element count or root:");
+  for (size_t r = 0; r < descs.size(); ++r) os << "\n  " << rank_name(static_cast<int>(r)) << ": " << summary(descs[r]);
+  return os.str();
+}
+
+namespace {
 
 // Chunk starts aligned to 64 bytes so vectorised kernels see aligned blocks.
 std::vector<int64_t> split_starts(int64_t numel, int n, size_t element_size) {
@@ -90,20 +121,8 @@ Arrival Engine::arrive(uint64_t seq, const Descriptor& d, const std::string& wha
   a.descs.resize(n);
   for (int r = 0; r < n; ++r) a.descs[r] = r == g_.rank() ? mine : g_.descriptor(r, seq);
   const auto op = static_cast<OpKind>(mine.op);
-  bool agree = true;
-  for (int r = 0; r < n && agree; ++r) {
-    const Descriptor& o = a.descs[r];
-    agree = o.seq == seq && o.op == mine.op && (op == OpKind::kBarrier || o.dtype == mine.dtype) &&
-            (!uses_redop(op) || o.redop == mine.redop) && (!uses_numel(op) || o.numel == mine.numel) &&
-            (!uses_root(op) || o.root == mine.root);
-  }
-  if (!agree) {
-    std::ostringstream os;
-    os << "tpu_dist " << what << " in group '" << g_.options().group_name
-       << "': ranks called different collectives or disagree on reduce op, dtype, element count or root:";
-    for (int r = 0; r < n; ++r) os << "\n  " << g_.describe_rank(r) << ": " << summary(a.descs[r]);
-    TORCH_CHECK(false, os.str());
-  }
+  const std::string disagree = disagreement(a.descs, seq, [this](int r) { return g_.describe_rank(r); });
+  TORCH_CHECK(disagree.empty(), "tpu_dist ", what, " in group '", g_.options().group_name, "': ", disagree);
   if (op == OpKind::kAllToAll) {
     for (int r = 0; r < n; ++r) {
       const int64_t* cr = r == g_.rank() ? g_.my_counts(seq) : g_.counts(r, seq);

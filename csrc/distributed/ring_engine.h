@@ -4,9 +4,9 @@
 // same order on every rank.
 //
 // Every collective starts with an arrival step: each rank publishes a
-// descriptor (op, reduce op, dtype, element count, root, chip) and waits for
-// all ranks' descriptors; any disagreement raises the same RuntimeError on
-// every rank before data moves. Reductions use a ring (reduce-scatter, then
+// descriptor (op, reduce op, dtype, element count, root, chip; the sizes too
+// inside spmd_safe) and waits for all ranks' descriptors; any disagreement
+// raises the same RuntimeError on every rank before data moves. Reductions use a ring (reduce-scatter, then
 // all-gather) in an order that follows the torus rings of the chips the ranks
 // run on; data moves through double-buffered windows of the ranks' segments.
 #pragma once
@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,16 @@
 #include "vtpu/topology.h"
 
 namespace torch_tpu::dist {
+
+// "all_reduce(SUM, float32[2, 3] numel 6) #4", with " [spmd_safe]" when issued inside it.
+std::string summary(const Descriptor& d);
+// Whether two ranks' descriptors of collective `seq` agree on what the op uses (op, dtype,
+// reduce op, element count, root) and, with `shapes`, on the tensor's sizes.
+bool descriptors_agree(const Descriptor& a, const Descriptor& b, uint64_t seq, bool shapes);
+// Empty when every rank's descriptor (by rank) agrees, shapes included when any rank issued it
+// inside spmd_safe; else the message listing each rank (`rank_name(r)`) with its summary.
+std::string disagreement(const std::vector<Descriptor>& descs, uint64_t seq,
+                         const std::function<std::string(int)>& rank_name);
 
 // The ranks of a collective after the arrival step.
 struct Arrival {

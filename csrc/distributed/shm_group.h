@@ -30,6 +30,7 @@ struct Descriptor {
   int32_t chip = -1;  // global chip id of the tensor, -1 for host tensors
   int32_t host = 0;   // host id of the chip
   int32_t ndim = 0;
+  int32_t spmd = 0;   // 1: issued inside spmd_safe, so the sizes must agree too
   int64_t numel = 0;  // elements that must agree across ranks (per op)
   int64_t root = -1;
   int64_t tag = 0;

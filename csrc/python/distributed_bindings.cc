@@ -7,6 +7,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include "distributed/arguments.h"
 #include "distributed/backend.h"
 #include "distributed/collectives.h"
 #include "distributed/shm.h"
@@ -48,6 +49,9 @@ void register_distributed_bindings(py::module_& m) {
       py::arg("global_ranks"), py::arg("hosts") = std::vector<int>(), py::arg("cross") = py::none(),
       py::arg("flat") = py::none(), py::call_guard<py::gil_scoped_release>());
 
+  // torch.tpu.distributed.spmd_safe: the calling thread's check; returns the previous setting.
+  m.def("_tpu_dist_set_spmd_check", [](bool enabled) { return dist::set_spmd_check(enabled); });
+  m.def("_tpu_dist_spmd_check", [] { return dist::spmd_check(); });
   m.def("_tpu_dist_segments", [] { return dist::list_segments(); });
   m.def("_tpu_dist_remove_stale_segments", [] { return dist::remove_stale_segments(); });
   m.def("_tpu_dist_ring_order", [](const std::vector<int>& chips) {

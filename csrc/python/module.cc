@@ -201,6 +201,9 @@ PYBIND11_MODULE(_C, m) {
       d["num_chips"] = t.num_chips();
       d["num_hosts"] = t.num_hosts();
       d["chips_per_host"] = t.chips_per_host();
+      d["num_slices"] = t.num_slices();
+      d["slice"] = runtime().slice();  // this process's
+      d["host"] = runtime().host();    // TORCH_TPU_HOST_ID, counted over all slices
       d["wraps"] = py::make_tuple(t.wraps(0), t.wraps(1), t.wraps(2));
       d["spec"] = spec_dict(t.spec());
       return d;
@@ -215,7 +218,9 @@ PYBIND11_MODULE(_C, m) {
       d["global_id"] = c.global_id();
       auto xyz = c.coords();
       d["coords"] = py::make_tuple(xyz[0], xyz[1], xyz[2]);
-      d["host"] = t.host_of(c.global_id());
+      // Hosts count over all slices, as TORCH_TPU_HOST_ID does.
+      d["host"] = runtime().slice() * t.num_hosts() + t.host_of(c.global_id());
+      d["slice"] = runtime().slice();
       d["neighbours"] = t.neighbours(c.global_id());
       d["hbm_bytes"] = c.hbm().capacity();
       return d;

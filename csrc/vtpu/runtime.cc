@@ -163,21 +163,23 @@ Runtime::Runtime() : topology_(Topology::from_env()) {
   uint64_t hbm_bytes = topology_.spec().hbm_bytes;
   if (const char* value = env("TORCH_TPU_HBM_BYTES")) hbm_bytes = parse_hbm_bytes(value);
 
+  if (const char* value = env("TORCH_TPU_HOST_ID")) {
+    const long long parsed = parse_index(value);
+    if (parsed < 0 || parsed >= topology_.total_hosts()) {
+      const std::string slices =
+          topology_.num_slices() > 1 ? " x " + std::to_string(topology_.num_slices()) + " slices" : std::string();
+      throw std::invalid_argument("TORCH_TPU_HOST_ID='" + std::string(value) + "' is not a host of topology '" +
+                                  topology_.name() + "'" + slices + " (valid: 0.." +
+                                  std::to_string(topology_.total_hosts() - 1) + ")");
+    }
+    host_ = static_cast<int>(parsed);
+  }
+  slice_ = topology_.slice_of_host(host_);
   std::vector<int> global_ids;
   if (const char* visible = std::getenv("TPU_VISIBLE_CHIPS")) {
     global_ids = parse_visible_chips(visible, topology_.num_chips());
   } else {
-    int host = 0;
-    if (const char* value = env("TORCH_TPU_HOST_ID")) {
-      const long long parsed = parse_index(value);
-      if (parsed < 0 || parsed >= topology_.num_hosts()) {
-        throw std::invalid_argument("TORCH_TPU_HOST_ID='" + std::string(value) + "' is not a host of topology '" +
-                                    topology_.name() + "' (valid: 0.." + std::to_string(topology_.num_hosts() - 1) +
-                                    ")");
-      }
-      host = static_cast<int>(parsed);
-    }
-    global_ids = topology_.chips_of_host(host);
+    global_ids = topology_.chips_of_host(host_ % topology_.num_hosts());
   }
   for (size_t i = 0; i < global_ids.size(); ++i) {
     chips_.push_back(std::make_unique<Chip>(static_cast<int>(i), global_ids[i], topology_, hbm_bytes));

@@ -54,14 +54,18 @@ class Runtime {
  public:
   // Built once on first use from the environment:
   //   TORCH_TPU_TOPOLOGY / TPU_ACCELERATOR_TYPE (default "v6e-8"),
-  //   TORCH_TPU_HOST_ID (default 0): which host of the slice this process is,
-  //   TPU_VISIBLE_CHIPS: comma-separated global chip ids this process sees,
+  //   TORCH_TPU_SLICES (default 1): slices joined over DCN,
+  //   TORCH_TPU_HOST_ID (default 0): which host this process is, counted over all
+  //     slices (host h is in slice h / hosts per slice),
+  //   TPU_VISIBLE_CHIPS: comma-separated chip ids of the slice this process sees,
   //   TORCH_TPU_HBM_BYTES: HBM capacity override per chip.
   // Throws std::invalid_argument on bad values.
   static Runtime& get();
   const Topology& topology() const { return topology_; }
   int device_count() const { return static_cast<int>(chips_.size()); }
-  Chip& chip(int index);  // throws std::out_of_range naming the valid range
+  int slice() const { return slice_; }  // the slice of this process's chips
+  int host() const { return host_; }    // TORCH_TPU_HOST_ID, over all slices
+  Chip& chip(int index);                // throws std::out_of_range naming the valid range
 
   // The environment parsers, public so they can be tested without a restart.
   // TORCH_TPU_HBM_BYTES: "17179869184", "16GiB", "512MiB", "16GB".
@@ -72,6 +76,8 @@ class Runtime {
  private:
   Runtime();
   Topology topology_;
+  int host_ = 0;
+  int slice_ = 0;
   std::vector<std::unique_ptr<Chip>> chips_;
 };
 

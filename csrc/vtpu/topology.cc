@@ -219,16 +219,43 @@ Topology Topology::parse(const std::string& raw_name) {
 }
 
 Topology Topology::from_env() {
+  int slices = 1;
+  if (const char* value = env("TORCH_TPU_SLICES")) {
+    const long parsed = parse_positive(trim(value));
+    if (parsed < 1) {
+      throw std::invalid_argument("TORCH_TPU_SLICES='" + std::string(value) +
+                                  "': expected the number of slices joined over DCN, a positive integer");
+    }
+    slices = static_cast<int>(parsed);
+  }
   for (const char* var : {"TORCH_TPU_TOPOLOGY", "TPU_ACCELERATOR_TYPE"}) {
     if (const char* value = env(var)) {
       try {
-        return parse(value);
+        return parse(value).with_slices(slices);
       } catch (const std::invalid_argument& e) {
         throw std::invalid_argument(std::string(var) + ": " + e.what());
       }
     }
   }
-  return parse("v6e-8");
+  return parse("v6e-8").with_slices(slices);
+}
+
+Topology Topology::with_slices(int slices) const {
+  if (slices < 1) {
+    throw std::invalid_argument("a multislice topology has at least 1 slice, got " + std::to_string(slices));
+  }
+  Topology t = *this;
+  t.num_slices_ = slices;
+  return t;
+}
+
+int Topology::slice_of_host(int host) const {
+  if (host < 0 || host >= total_hosts()) {
+    throw std::out_of_range("host " + std::to_string(host) + " is out of range for " + std::to_string(num_slices_) +
+                            " slice(s) of topology '" + name_ + "' (" + std::to_string(total_hosts()) +
+                            " hosts: valid ids 0.." + std::to_string(total_hosts() - 1) + ")");
+  }
+  return host / num_hosts();
 }
 
 int Topology::chips_per_host() const { return host_shape_[0] * host_shape_[1] * host_shape_[2]; }

@@ -19,8 +19,15 @@ class Topology {
   // whose message lists the valid forms and generations.
   static Topology parse(const std::string& name);
 
-  // From TORCH_TPU_TOPOLOGY, else TPU_ACCELERATOR_TYPE, else "v6e-8".
+  // From TORCH_TPU_TOPOLOGY, else TPU_ACCELERATOR_TYPE, else "v6e-8"; the number of
+  // slices from TORCH_TPU_SLICES (default 1).
   static Topology from_env();
+
+  // Multislice: `slices` identical slices joined over the data-centre network (DCN).
+  // Chip ids, coordinates, hops and rings stay those of one slice; hosts are numbered
+  // slice by slice (host h is host h % num_hosts() of slice h / num_hosts()). Throws
+  // std::invalid_argument unless slices >= 1.
+  Topology with_slices(int slices) const;
 
   const std::string& name() const { return name_; }
   const ChipSpec& spec() const { return *spec_; }
@@ -28,6 +35,11 @@ class Topology {
   int num_chips() const { return shape_[0] * shape_[1] * shape_[2]; }
   int num_hosts() const { return num_chips() / chips_per_host(); }
   int chips_per_host() const;
+  int num_slices() const { return num_slices_; }
+  int total_hosts() const { return num_slices_ * num_hosts(); }  // hosts of all slices
+  int total_chips() const { return num_slices_ * num_chips(); }  // chips of all slices
+  // The slice of a host of any slice (0 .. total_hosts() - 1); throws std::out_of_range.
+  int slice_of_host(int host) const;
 
   Coord coords(int chip) const;       // throws std::out_of_range
   int chip_at(const Coord& c) const;  // throws std::out_of_range
@@ -48,6 +60,7 @@ class Topology {
   Coord shape_{1, 1, 1};
   std::array<bool, 3> wraps_{false, false, false};
   Coord host_shape_{1, 1, 1};  // block of chips attached to one host
+  int num_slices_ = 1;
 };
 
 }  // namespace vtpu

@@ -136,6 +136,43 @@ TEST(Parse, FromEnvPrefersTorchTpuTopology) {
   }
 }
 
+TEST(Slices, FromEnvCountsSlicesAndHostsOfAllSlices) {
+  ScopedEnv topology("TORCH_TPU_TOPOLOGY", "v5p-16");  // 2 hosts of 4 chips per slice
+  ScopedEnv slices("TORCH_TPU_SLICES", "3");
+  const Topology t = Topology::from_env();
+  EXPECT_EQ(t.num_slices(), 3);
+  EXPECT_EQ(t.num_chips(), 8);  // one slice's: chip ids, coordinates and hops stay per slice
+  EXPECT_EQ(t.num_hosts(), 2);
+  EXPECT_EQ(t.total_hosts(), 6);
+  EXPECT_EQ(t.total_chips(), 24);
+  for (int h = 0; h < 6; ++h) EXPECT_EQ(t.slice_of_host(h), h / 2);
+  EXPECT_THROW(t.slice_of_host(6), std::out_of_range);
+  EXPECT_THROW(t.slice_of_host(-1), std::out_of_range);
+  slices.set(nullptr);
+  EXPECT_EQ(Topology::from_env().num_slices(), 1);
+  EXPECT_EQ(Topology::from_env().total_hosts(), 2);
+  for (const char* bad : {"0", "-1", "two", "1.5"}) {
+    slices.set(bad);
+    try {
+      Topology::from_env();
+      FAIL() << "expected std::invalid_argument for " << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(std::string("TORCH_TPU_SLICES='") + bad + "'", 0), 0u) << e.what();
+    }
+  }
+}
+
+TEST(Slices, WithSlicesKeepsTheSliceAndRejectsZero) {
+  const Topology one = Topology::parse("v6e-8");
+  const Topology two = one.with_slices(2);
+  EXPECT_EQ(one.num_slices(), 1);
+  EXPECT_EQ(two.num_slices(), 2);
+  EXPECT_EQ(two.shape(), one.shape());
+  EXPECT_EQ(two.total_hosts(), 2);
+  EXPECT_EQ(two.slice_of_host(1), 1);
+  EXPECT_THROW(one.with_slices(0), std::invalid_argument);
+}
+
 TEST(Coords, RowMajorXFastest) {
   const Topology t = Topology::parse("v5p:4x4x4");
   EXPECT_EQ(t.coords(0), (Coord{0, 0, 0}));

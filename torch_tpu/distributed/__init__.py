@@ -59,7 +59,8 @@ def _timeout_seconds(timeout) -> float:
 
 
 def host_id() -> int:
-    """This process's host in the slice: ``TORCH_TPU_HOST_ID`` (default 0), as the runtime reads it."""
+    """This process's host, counted over all slices (``TORCH_TPU_SLICES``): ``TORCH_TPU_HOST_ID``
+    (default 0), as the runtime reads it."""
     return int(os.environ.get("TORCH_TPU_HOST_ID", "0") or 0)
 
 

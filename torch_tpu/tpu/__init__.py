@@ -21,6 +21,7 @@ from .. import _C
 from . import (
     _utils,  # noqa: F401
     compiler,  # noqa: F401  (torch.tpu.compiler)
+    distributed,  # noqa: F401  (torch.tpu.distributed; registers itself under that name)
     profiler,  # noqa: F401  (torch.tpu.profiler)
 )
 from ._utils import _device_index

@@ -122,3 +122,39 @@ def test_unknown_topology_init_raises_value_error(run_python):
     assert kind == "ValueError", kind
     assert "TPU_ACCELERATOR_TYPE" in msg and VALID_GENERATIONS in msg
     assert "Exception raised from" not in msg
+
+
+SLICE_PROBE = """
+    import json, torch
+    res = {}
+    try:
+        topo = torch.tpu.topology()
+        res = {k: topo[k] for k in ("num_slices", "slice", "host", "num_hosts", "num_chips")}
+        res["global_ids"] = [torch.tpu.get_device_properties(i).global_id for i in range(torch.tpu.device_count())]
+        res["hosts"] = sorted({torch.tpu.get_device_properties(i).host for i in range(torch.tpu.device_count())})
+    except Exception as e:
+        res["error"] = [type(e).__name__, str(e)]
+    print(json.dumps(res))
+"""
+
+
+def test_slices_number_hosts_over_all_slices(run_python):
+    """Two v5p-16 slices (2 hosts of 4 chips each): host 3 is the second host of slice 1, with
+    that slice's chips 4..7."""
+    out = run_python(SLICE_PROBE, env={"TORCH_TPU_TOPOLOGY": "v5p-16", "TORCH_TPU_SLICES": "2",
+                                       "TORCH_TPU_HOST_ID": "3"}).json()
+    assert out == {"num_slices": 2, "slice": 1, "host": 3, "num_hosts": 2, "num_chips": 8,
+                   "global_ids": [4, 5, 6, 7], "hosts": [3]}
+    out = run_python(SLICE_PROBE, env={"TORCH_TPU_TOPOLOGY": "v5p-16"}).json()
+    assert out["num_slices"] == 1 and out["slice"] == 0 and out["global_ids"] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"TORCH_TPU_SLICES": "0"}, ["TORCH_TPU_SLICES='0'", "positive integer"]),
+    ({"TORCH_TPU_SLICES": "two"}, ["TORCH_TPU_SLICES='two'"]),
+    ({"TORCH_TPU_SLICES": "2", "TORCH_TPU_HOST_ID": "2"}, ["TORCH_TPU_HOST_ID='2'", "x 2 slices", "valid: 0..1"]),
+])
+def test_bad_slices_raise_at_first_use(run_python, env, words):
+    out = run_python(SLICE_PROBE, env=env).json()
+    kind, msg = out["error"]
+    assert kind == "ValueError" and all(w in msg for w in words), msg

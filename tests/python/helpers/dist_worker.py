@@ -608,16 +608,21 @@ def scenario_stall():
     os._exit(0)
 
 
+def attempt_into(result, name, fn):
+    """result[name] = None if fn() returns, else "ExceptionType: message"."""
+    try:
+        fn()
+        result[name] = None
+    except Exception as e:  # noqa: BLE001
+        result[name] = f"{type(e).__name__}: {e}"
+
+
 def scenario_mismatch():
     dev = init(timeout=20)
     result = {}
 
     def attempt(name, fn):
-        try:
-            fn()
-            result[name] = None
-        except Exception as e:  # noqa: BLE001
-            result[name] = f"{type(e).__name__}: {e}"
+        attempt_into(result, name, fn)
 
     attempt("numel", lambda: dist.all_reduce(torch.ones(10 + 2 * RANK, device=dev)))
     attempt("dtype", lambda: dist.all_reduce(
@@ -630,6 +635,52 @@ def scenario_mismatch():
     t = torch.full((6,), float(RANK + 1), device=dev)
     attempt("after", lambda: dist.all_reduce(t))
     result["after_value"] = t.cpu().tolist()
+    dist.destroy_process_group()
+    write(result)
+
+
+def scenario_multislice():
+    """Two slices joined over DCN, 2 ranks per slice: a (dcn, ici) DeviceMesh from
+    torch.tpu.distributed.topology_aware_mesh, and spmd_safe's checks within and across hosts."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    import torch_tpu
+    import torch_tpu.runtime as rt
+
+    dev = init(timeout=30)
+    result = {"slice": torch_tpu._C._topology()["slice"], "chip": torch.tpu.get_device_properties(dev).global_id}
+    layout = torch.tpu.distributed.topology_aware_mesh((2, 2), dcn_mesh_shape=(2, 1))
+    result["layout"] = layout.tolist()
+    mesh = DeviceMesh("tpu", mesh=layout, mesh_dim_names=("dcn", "ici"))
+    for name in ("dcn", "ici"):
+        rt.reset_stats(dev)
+        t = torch.full((1024,), float(RANK + 1), device=dev)
+        dist.all_reduce(t, group=mesh.get_group(name))
+        s = rt.stats(dev)
+        result[name] = {"value": t.cpu().unique().tolist(), "dcn_bytes": s["dcn_bytes"], "ici_bytes": s["ici_bytes"],
+                        "ranks": dist.get_process_group_ranks(mesh.get_group(name))}
+
+    @torch.tpu.distributed.spmd_safe
+    def spmd(fn):
+        result.setdefault("inside", torch_tpu._C._tpu_dist_spmd_check())
+        return fn()
+
+    def attempt(name, fn):
+        attempt_into(result, name, fn)
+
+    ici = mesh.get_group("ici")
+    shape = (2, 3) if RANK % 2 == 0 else (3, 2)  # same element count
+    attempt("shape_outside", lambda: dist.all_reduce(torch.ones(shape, device=dev), group=ici))
+    attempt("shape_inside", lambda: spmd(lambda: dist.all_reduce(torch.ones(shape, device=dev), group=ici)))
+    # Host-local parts agree (both ranks of a host pass the same); only the check across hosts sees it.
+    n = 10 if result["slice"] == 0 else 12
+    attempt("numel_across_hosts", lambda: spmd(lambda: dist.all_reduce(torch.ones(n, device=dev))))
+    attempt("op_across_hosts", lambda: spmd(lambda: dist.all_reduce(torch.ones(4, device=dev)) if result["slice"] == 0
+                                            else dist.broadcast(torch.ones(4, device=dev), src=0)))
+    t = torch.full((6,), float(RANK + 1), device=dev)
+    attempt("after", lambda: spmd(lambda: dist.all_reduce(t)))
+    result["after_value"] = t.cpu().tolist()
+    result["outside_after"] = torch_tpu._C._tpu_dist_spmd_check()
     dist.destroy_process_group()
     write(result)
 
