@@ -9,6 +9,7 @@ so the forward stores nothing but its output; gradients equal ``F.max_poolNd``'s
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -24,7 +25,9 @@ def _norm(op: str, name: str, value: int | Sequence[int], n: int, allow_empty: b
     if isinstance(value, int) and not isinstance(value, bool):
         return [value] * n
     try:
-        values = [int(v) for v in value]
+        if isinstance(value, str) or any(isinstance(v, bool) for v in value):
+            raise TypeError
+        values = [operator.index(v) for v in value]
     except TypeError:
         raise TypeError(f"{op}: {name} must be an int or a sequence of {n} ints, got {value!r}") from None
     if allow_empty and not values:
@@ -53,7 +56,7 @@ def _check_input(op: str, n: int, input: torch.Tensor) -> None:
 def _backward_impl(n: int, grad_output, input, kernel_size, stride, padding, dilation, ceil_mode):
     """d input of max pooling: the argmax recomputed, then ATen's with-indices backward."""
     if n == 1:  # as a 2-D pool over a height of one
-        k2, s2, p2, d2 = ([1, v[0]] for v in (kernel_size, stride, padding, dilation))
+        k2, s2, p2, d2 = ([1, kernel_size[0]], [1, stride[0]], [0, padding[0]], [1, dilation[0]])
         grad = _backward_impl(2, grad_output.unsqueeze(-2), input.unsqueeze(-2), k2, s2, p2, d2, ceil_mode)
         return grad.squeeze(-2)
     with_indices = torch.ops.aten.max_pool2d_with_indices if n == 2 else torch.ops.aten.max_pool3d_with_indices
