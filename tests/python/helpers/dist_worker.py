@@ -648,6 +648,16 @@ def scenario_launch():
     dist.destroy_process_group()
 
 
+def scenario_tpu_ops():
+    """torch.tpu.ops' collectives (tests/python/helpers/dist_ops_worker.py) against CPU values."""
+    from dist_ops_worker import run_checks
+
+    dev = init()
+    checks = run_checks(dev, RANK, WORLD)
+    torch.tpu.synchronize()
+    dist.destroy_process_group()
+    write({"checks": checks})
+
 if __name__ == "__main__":
     if "LOCAL_RANK" in os.environ and "RANK" in os.environ:
         RANK = int(os.environ["RANK"])
