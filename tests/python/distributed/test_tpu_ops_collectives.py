@@ -1,9 +1,15 @@
 """torch.tpu.ops collectives over tpu_dist (all_gather_dim, reduce_scatter_dim, send/recv,
-ragged_all_to_all) with 2 and 4 ranks, against CPU computations over all ranks' inputs."""
+ragged_all_to_all) with 2 and 4 ranks launched by ``python -m torch_tpu.run``, against CPU
+computations over all ranks' inputs."""
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from helpers.dist import run_scenario, segments
+from helpers.dist import WORKER, clean_env, segments
 
 FAMILIES = ["all_gather_dim", "reduce_scatter_dim", "autograd", "subgroup", "send_recv", "ragged_all_to_all",
             "stats", "bad_inputs"]
@@ -13,11 +19,15 @@ FAMILIES = ["all_gather_dim", "reduce_scatter_dim", "autograd", "subgroup", "sen
 def results(request, tmp_path_factory):
     world = request.param
     out = tmp_path_factory.mktemp(f"tpu_ops_{world}")
-    results, status = run_scenario("tpu_ops", world, out, env={"TORCH_TPU_DIST_TIMEOUT": "60"}, timeout=240)
-    for r, (rc, tail) in status.items():
-        assert rc == 0, f"rank {r} exited with {rc}:\n{tail}"
-    assert sorted(results) == list(range(world)), f"missing ranks: {status}"
-    return world, results
+    proc = subprocess.run([sys.executable, "-m", "torch_tpu.run", "-n", str(world), WORKER, "tpu_ops", str(out)],
+                          env=clean_env({"TORCH_TPU_DIST_TIMEOUT": "60"}), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    res = {}
+    for r in range(world):
+        with open(os.path.join(out, f"rank{r}.json")) as f:
+            res[r] = json.load(f)
+    return world, res
 
 
 @pytest.mark.parametrize("family", FAMILIES)
