@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from helpers.dist import WORKER, clean_env, segments
+from helpers.dist import WORKER, assert_family_ok, clean_env, segments
 
 FAMILIES = ["all_gather_dim", "reduce_scatter_dim", "autograd", "subgroup", "send_recv", "ragged_all_to_all",
             "stats", "bad_inputs"]
@@ -33,12 +33,7 @@ def results(request, tmp_path_factory):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tpu_ops_collective(results, family):
     world, res = results
-    for r in range(world):
-        checks = {k: v for k, v in res[r]["checks"].items() if k.split("/")[0] == family}
-        assert checks, f"no checks ran for {family}"
-        bad = {k: v for k, v in checks.items() if v != "ok"}
-        assert not bad, f"rank {r}: {len(bad)} of {len(checks)} {family} checks failed:\n" + "\n".join(
-            f"{k}: {v}" for k, v in list(bad.items())[:3])
+    assert_family_ok(res, world, family)
 
 
 def test_no_segments_left(results):

@@ -106,6 +106,16 @@ def _peer(op: str, name: str, peer, tag) -> None:
         raise TypeError(f"{op}: tag must be an int, got {type(tag).__name__}")
 
 
+def _point_to_point(op: str, issue, tensors, peer_name: str, peer, tag) -> list[torch.Tensor]:
+    """Issues ``issue(t, peer, tag=tag)`` (isend/irecv) for every tensor, then waits for all."""
+    _group(op, None)
+    tensors = _tensor_list(op, tensors)
+    _peer(op, peer_name, peer, tag)
+    for work in [issue(t, peer, tag=tag) for t in tensors]:
+        work.wait()
+    return tensors
+
+
 def send(tensors: Sequence[torch.Tensor], dst: int, tag: int) -> Any:
     """Send each tensor of ``tensors``, in order, to global rank ``dst`` with ``tag``.
 
@@ -115,11 +125,7 @@ def send(tensors: Sequence[torch.Tensor], dst: int, tag: int) -> Any:
     ``dist.send``). Raises ValueError for a ``dst`` outside the world or equal to this rank,
     TypeError for a non-int ``tag`` or a non-tensor element.
     """
-    _group("send", None)
-    tensors = _tensor_list("send", tensors)
-    _peer("send", "dst", dst, tag)
-    for work in [dist.isend(t, dst, tag=tag) for t in tensors]:
-        work.wait()
+    _point_to_point("send", dist.isend, tensors, "dst", dst, tag)
     return None
 
 
@@ -128,12 +134,7 @@ def recv(tensors: Sequence[torch.Tensor], src: int, tag: int) -> Any:
 
     The tensors are filled in place and returned as a list. Errors as :func:`send`.
     """
-    _group("recv", None)
-    tensors = _tensor_list("recv", tensors)
-    _peer("recv", "src", src, tag)
-    for work in [dist.irecv(t, src, tag=tag) for t in tensors]:
-        work.wait()
-    return tensors
+    return _point_to_point("recv", dist.irecv, tensors, "src", src, tag)
 
 
 def _resolve_group_name(op: str, name) -> dist.ProcessGroup:
