@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import torch_tpu
 import torch_tpu.tpu.ops as ops
 from helpers.devices import needs_v6e_8
 
@@ -98,8 +99,12 @@ def test_optimization_barrier_under_torch_compile_is_a_separate_call():
         s, t = ops.optimization_barrier([a.sin(), b * 2])
         return (s + t).exp()
 
+    torch_tpu.reset_compile_stats()
     got = torch.compile(f, backend="tpu", fullgraph=True)(x.to(DEV), y.to(DEV))
     torch.testing.assert_close(got.cpu(), (x.sin() + y * 2).exp(), rtol=1e-5, atol=1e-5)
+    stats = torch_tpu.compile_stats()
+    # the barrier stays a library call between the fused regions before and after it
+    assert stats["library_calls"]["tpu::optimization_barrier.default"] == 1, stats["library_calls"]
     torch.compile(f, backend=recording_backend, fullgraph=True)(x, y)
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert any("optimization_barrier" in t for t in targets), targets
