@@ -9,14 +9,21 @@ import sys
 
 import pytest
 
-from helpers.dist import WORKER, assert_family_ok, clean_env, segments
+from helpers.dist import WORKER, assert_family_ok, clean_env, run_scenario, segments
 
 FAMILIES = ["all_gather_dim", "reduce_scatter_dim", "autograd", "subgroup", "send_recv", "ragged_all_to_all",
             "stats", "bad_inputs"]
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+@pytest.fixture(scope="module", params=[2, 4, "4ranks_2hosts"], ids=["2ranks", "4ranks", "4ranks_2hosts"])
 def results(request, tmp_path_factory):
+    if request.param == "4ranks_2hosts":
+        # two simulated hosts of a v5p-16 slice: shared memory inside a host, gloo (the DCN) across
+        out = tmp_path_factory.mktemp("tpu_ops_2hosts")
+        res, status = run_scenario("tpu_ops", 4, out, env={"TORCH_TPU_TOPOLOGY": "v5p-16"}, timeout=240, hosts=2)
+        for r, (rc, tail) in status.items():
+            assert rc == 0, f"rank {r} exited with {rc}:\n{tail}"
+        return 4, res
     world = request.param
     out = tmp_path_factory.mktemp(f"tpu_ops_{world}")
     proc = subprocess.run([sys.executable, "-m", "torch_tpu.run", "-n", str(world), WORKER, "tpu_ops", str(out)],

@@ -185,3 +185,24 @@ def test_grouped_mm_3d_3d_and_2d_2d_match_cpu():
     xt = x.to(DEV).t().contiguous().t()  # column-major lhs, as the kernel asks for
     got = torch._grouped_mm(xt, y.to(DEV), offs=offs.to(DEV))
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["defer_and_fuse", "debug"])
+def test_ragged_dot_and_grouped_mm_in_other_eager_modes(mode):
+    import torch_tpu
+
+    sizes = [3, 0, 5]
+    lhs, rhs, go = data(sizes, k=8, n=8)
+    lc, rc = lhs.clone().requires_grad_(), rhs.clone().requires_grad_()
+    want = loop_ragged_dot(lc.sin(), rc, sizes)
+    want.backward(go)
+    with torch_tpu.eager_mode(mode):
+        lt, rt = lhs.to(DEV).requires_grad_(), rhs.to(DEV).requires_grad_()
+        got = ops.ragged_dot(lt.sin(), rt, torch.tensor(sizes, device=DEV))
+        got.backward(go.to(DEV))
+        gmm = torch._grouped_mm(lhs.to(DEV).sin(), rhs.to(DEV), offs=torch.tensor([3, 3, 8], dtype=torch.int32,
+                                                                                 device=DEV))
+    torch.testing.assert_close(got.cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gmm.cpu(), want.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lt.grad.cpu(), lc.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rt.grad.cpu(), rc.grad, rtol=1e-5, atol=1e-5)
