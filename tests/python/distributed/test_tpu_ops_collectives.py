@@ -11,8 +11,8 @@ import pytest
 
 from helpers.dist import WORKER, assert_family_ok, clean_env, run_scenario, segments
 
-FAMILIES = ["all_gather_dim", "reduce_scatter_dim", "autograd", "subgroup", "send_recv", "ragged_all_to_all",
-            "stats", "bad_inputs"]
+FAMILIES = ["all_gather_dim", "reduce_scatter_dim", "autograd", "compiled", "subgroup", "send_recv",
+            "ragged_all_to_all", "stats", "bad_inputs"]
 
 
 @pytest.fixture(scope="module", params=[2, 4, "4ranks_2hosts"], ids=["2ranks", "4ranks", "4ranks_2hosts"])

@@ -86,6 +86,20 @@ def run_checks(dev, rank, world, check):
 
     check("autograd", autograd)
 
+    def compiled():
+        torch._dynamo.reset()
+
+        def f(x):
+            return ops.reduce_scatter_dim(ops.all_gather_dim(x.sin(), 1) * 2, 0)
+
+        xs = [data(r, (2 * world, 3), salt=11) for r in range(world)]
+        got = torch.compile(f, backend="tpu", fullgraph=True)(xs[rank].to(dev))
+        gathered = [torch.cat([x.sin() for x in xs], 1) * 2 for _ in range(world)]
+        want = torch.stack(gathered).sum(0).chunk(world, 0)[rank]
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+    check("compiled", compiled)
+
     def subgroup():
         ranks = list(range(0, world, 2))
         groups = [dist.new_group(ranks), dist.new_group(list(range(1, world, 2)))]
