@@ -7,7 +7,7 @@ group; the tests below assert the checks of one collective family each.
 
 import pytest
 
-from helpers.dist import run_scenario, segments
+from helpers.dist import assert_family_ok, run_scenario, segments
 
 FAMILIES = [
     "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
@@ -43,12 +43,7 @@ def battery(request, tmp_path_factory):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_collective_family(battery, family):
     world, results = battery
-    for r in range(world):
-        checks = {k: v for k, v in results[r]["checks"].items() if k.split("/")[0] == family}
-        assert checks, f"no checks ran for {family}"
-        bad = {k: v for k, v in checks.items() if v != "ok"}
-        assert not bad, f"rank {r}: {len(bad)} of {len(checks)} {family} checks failed:\n" + "\n".join(
-            f"{k}: {v}" for k, v in list(bad.items())[:5])
+    assert_family_ok(results, world, family)
 
 
 def test_battery_size(battery):

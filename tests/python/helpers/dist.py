@@ -75,3 +75,13 @@ def segments():
         return sorted(n for n in os.listdir("/dev/shm") if n.startswith("tpudist_"))
     except FileNotFoundError:
         return []
+
+
+def assert_family_ok(results, world, family, shown=5):
+    """Every rank ran checks of ``family`` (names "family/...") and all of them are "ok"."""
+    for r in range(world):
+        checks = {k: v for k, v in results[r]["checks"].items() if k.split("/")[0] == family}
+        assert checks, f"no checks ran for {family}"
+        bad = {k: v for k, v in checks.items() if v != "ok"}
+        assert not bad, f"rank {r}: {len(bad)} of {len(checks)} {family} checks failed:\n" + "\n".join(
+            f"{k}: {v}" for k, v in list(bad.items())[:shown])

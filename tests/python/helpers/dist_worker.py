@@ -62,15 +62,21 @@ def make(x, dev, layout):
     return big.to(dev)[:, 0]  # stride 2
 
 
-def battery(dev):
-    checks = {}
-
+def checker(checks):
+    """``check(name, fn)``: runs fn, records "ok" or its error under checks[name]."""
     def check(name, fn):
         try:
             fn()
             checks[name] = "ok"
         except Exception as e:  # noqa: BLE001
             checks[name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"
+
+    return check
+
+
+def battery(dev):
+    checks = {}
+    check = checker(checks)
 
     def eq(got, want, name):
         got = got.cpu()
@@ -698,6 +704,17 @@ def scenario_launch():
            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")})
     dist.destroy_process_group()
 
+
+def scenario_tpu_ops():
+    """torch.tpu.ops' collectives (tests/python/helpers/dist_ops_worker.py) against CPU values."""
+    from dist_ops_worker import run_checks
+
+    dev = init()
+    checks = {}
+    run_checks(dev, RANK, WORLD, checker(checks))
+    torch.tpu.synchronize()
+    dist.destroy_process_group()
+    write({"checks": checks})
 
 if __name__ == "__main__":
     if "LOCAL_RANK" in os.environ and "RANK" in os.environ:
