@@ -216,3 +216,23 @@ def test_bad_params_and_grads_raise_naming_them():
     # The process keeps working.
     opt.step(p, {"w": torch.ones(2, 2, device="tpu")}, state)
     assert state["step"].item() == 1 and p["w"].cpu().lt(1).all()
+
+
+@pytest.mark.parametrize("capturable", [True, False])
+def test_adamw_params_on_two_chips_match_torch_optim(capturable):
+    # A model split over tpu:0 and tpu:1: torch.optim.AdamW(capturable=True) keeps one step per
+    # parameter on its device; ours keeps one step, so each update must bring it to its parameter.
+    ref = small_model()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01)
+    names = [k for k, _ in ref.named_parameters()]
+    params = {k: p.detach().clone().to(f"tpu:{i % 2}") for i, (k, p) in enumerate(ref.named_parameters())}
+    ours = O.AdamW(lr=0.01, use_bfloat16_moments=False, capturable=capturable)
+    state = ours.init(params)
+    for step in range(3):
+        grads = grads_of(ref, step)
+        ref_opt.step()
+        ours.step(params, {k: g.to(params[k].device) for k, g in grads.items()}, state)
+        for k, p in ref.named_parameters():
+            assert params[k].device == torch.device(f"tpu:{names.index(k) % 2}")
+            torch.testing.assert_close(params[k].cpu(), p.detach(), atol=1e-6, rtol=1e-6, msg=f"step {step} {k}")
+    assert state["step"].item() == 3
