@@ -239,6 +239,7 @@ class AdamW(Optimizer):
 
     def _update_param(self, param, grad, slots, step):
         grad = -grad if self.maximize else grad
+        step = step.to(param.device)  # one step count for all parameters, which may sit on several chips
         store = slots["exp_avg"].dtype
         exp_avg = slots["exp_avg"].to(param.dtype)
         exp_avg_sq = slots["exp_avg_sq"].to(param.dtype)
