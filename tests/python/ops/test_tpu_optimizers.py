@@ -236,3 +236,30 @@ def test_adamw_params_on_two_chips_match_torch_optim(capturable):
             assert params[k].device == torch.device(f"tpu:{names.index(k) % 2}")
             torch.testing.assert_close(params[k].cpu(), p.detach(), atol=1e-6, rtol=1e-6, msg=f"step {step} {k}")
     assert state["step"].item() == 3
+
+
+def test_state_of_another_optimizer_or_params_is_refused_before_anything_changes():
+    p = {"w": torch.randn(3, 4, device="tpu")}
+    g = {"w": torch.randn(3, 4, device="tpu")}
+    before = p["w"].clone()
+    # slots of another optimizer / configuration: was a bare KeyError('momentum_buffer') from the update
+    for opt, state, missing in [(O.Sgd(momentum=0.9), O.AdamW().init(p), "momentum_buffer"),
+                                (O.AdamW(amsgrad=True), O.AdamW().init(p), "max_exp_avg_sq"),
+                                (O.AdamW(), O.Sgd().init(p), "exp_avg")]:
+        with pytest.raises(ValueError, match=rf"state\['slots'\]\['w'\] has slots .*{type(opt).__name__} keeps .*{missing}"):
+            opt.update(p, g, state)
+    # slots made for a parameter of another shape: update() broadcast them silently, step() wrote the
+    # parameter and then failed on the slot
+    small = O.AdamW().init({"w": torch.randn(4, device="tpu")})
+    with pytest.raises(ValueError, match=r"state\['slots'\]\['w'\]\['exp_avg'\] has shape \[4\], params\['w'\] \[3, 4\]"):
+        O.AdamW().update(p, g, small)
+    with pytest.raises(ValueError, match=r"has shape \[4\]"):
+        O.AdamW().step(p, g, small)
+    assert torch.equal(p["w"], before)  # nothing written
+    with pytest.raises(TypeError, match=r"state\['step'\] must be a Tensor"):
+        O.AdamW().update(p, g, {"step": 0, "slots": O.AdamW().init(p)["slots"]})
+    with pytest.raises(TypeError, match=r"state\['slots'\]\['w'\] must be a dict of slot tensors, got NoneType"):
+        O.AdamW().update(p, g, {"step": torch.zeros(()), "slots": {"w": None}})
+    state = O.AdamW().init(p)  # the process keeps working
+    O.AdamW().step(p, g, state)
+    assert state["step"].item() == 1 and not torch.equal(p["w"], before)
