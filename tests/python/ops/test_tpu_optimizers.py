@@ -246,12 +246,14 @@ def test_state_of_another_optimizer_or_params_is_refused_before_anything_changes
     for opt, state, missing in [(O.Sgd(momentum=0.9), O.AdamW().init(p), "momentum_buffer"),
                                 (O.AdamW(amsgrad=True), O.AdamW().init(p), "max_exp_avg_sq"),
                                 (O.AdamW(), O.Sgd().init(p), "exp_avg")]:
-        with pytest.raises(ValueError, match=rf"state\['slots'\]\['w'\] has slots .*{type(opt).__name__} keeps .*{missing}"):
+        match = rf"state\['slots'\]\['w'\] has slots .*{type(opt).__name__} keeps .*{missing}"
+        with pytest.raises(ValueError, match=match):
             opt.update(p, g, state)
     # slots made for a parameter of another shape: update() broadcast them silently, step() wrote the
     # parameter and then failed on the slot
     small = O.AdamW().init({"w": torch.randn(4, device="tpu")})
-    with pytest.raises(ValueError, match=r"state\['slots'\]\['w'\]\['exp_avg'\] has shape \[4\], params\['w'\] \[3, 4\]"):
+    match = r"state\['slots'\]\['w'\]\['exp_avg'\] has shape \[4\], params\['w'\] \[3, 4\]"
+    with pytest.raises(ValueError, match=match):
         O.AdamW().update(p, g, small)
     with pytest.raises(ValueError, match=r"has shape \[4\]"):
         O.AdamW().step(p, g, small)
