@@ -219,11 +219,19 @@ def resolve_compilations(artifacts: CompileArtifact | Iterable[CompileArtifact] 
         timeout: seconds to wait in all (``None``: as long as it takes).
 
     Raises:
-        TypeError: an entry of ``artifacts`` is not a :class:`CompileArtifact`.
+        TypeError: an entry of ``artifacts`` is not a :class:`CompileArtifact`, or ``timeout``
+            is not a number.
+        ValueError: ``timeout`` is negative (or NaN).
         TimeoutError: a compilation still runs after ``timeout`` seconds.
         The first failed compilation's own exception (its type kept, with a note naming the
         warmup input), once all of them finished.
     """
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError("resolve_compilations: timeout must be None or a number of seconds, "
+                            f"got {type(timeout).__name__}")
+        if not timeout >= 0:
+            raise ValueError(f"resolve_compilations: timeout must be >= 0, got {timeout}")
     if artifacts is None:
         with _lock:
             items = list(_unresolved)

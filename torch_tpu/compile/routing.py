@@ -71,6 +71,8 @@ def _wrap_torch_compile_wrapper(tpu_backend: Callable) -> None:
     orig_init, orig_call, orig_eq = cls.__init__, cls.__call__, cls.__eq__
 
     def __init__(self, mode, options, dynamic, name=None):
+        if options is not None and not isinstance(options, dict):
+            raise TypeError(f"torch.compile: options must be a dict, got {type(options).__name__}")
         ours = {k: v for k, v in (options or {}).items() if k in COMPILE_OPTIONS}
         theirs = {k: v for k, v in (options or {}).items() if k not in COMPILE_OPTIONS}
         parse_compile_options(ours, "torch.compile")  # bad values fail here, not at the first call

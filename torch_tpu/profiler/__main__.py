@@ -4,7 +4,8 @@ The job called ``torch.tpu.profiler.start_server(P)``; this asks it to profile a
 for N ms and writes the trace to
 ``DIR/plugins/profile/<YYYY_MM_DD_HH_MM_SS>/<job host>_<job worker>.pt.trace.json`` (``.gz``
 with ``--gzip``), printing the path. Exit status: 0 written, 1 the server is not running or
-refused (its message is printed), 2 bad arguments.
+refused (its message is printed) or the trace could not be written, 2 bad arguments
+(``--out`` an existing file included).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import sys
 import urllib.error
 import urllib.parse
@@ -96,16 +98,23 @@ def capture(args: argparse.Namespace) -> int:
     if not all(_safe_name(name) for name in (host, worker)):
         print(f"torch_tpu.profiler capture: {where} is not a torch_tpu profiler server", file=sys.stderr)
         return 1
-    path = trace_file_path(args.out, worker, host=host, gzip=args.gzip)
-    with open(path, "wb") as f:
-        f.write(gzip.compress(body) if args.gzip else body)
+    try:
+        path = trace_file_path(args.out, worker, host=host, gzip=args.gzip)
+        with open(path, "wb") as f:
+            f.write(gzip.compress(body) if args.gzip else body)
+    except OSError as error:
+        print(f"torch_tpu.profiler capture: cannot write the trace under {args.out}: {error}", file=sys.stderr)
+        return 1
     print(path)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit status (2 for bad arguments, through argparse)."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"argument --out: {args.out!r} exists and is not a directory")
     return capture(args)
 
 

@@ -167,6 +167,8 @@ def _warm_up_profiler() -> None:
     # which on a capture thread could meet an import on one of the job's threads.
     import torch.profiler
 
+    if torch.autograd.profiler._is_profiler_enabled or torch._C._autograd._profiler_enabled():
+        return  # a profile runs already (Kineto is initialised), and a second one would end it
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
         pass
 

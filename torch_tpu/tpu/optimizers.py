@@ -88,7 +88,8 @@ class Optimizer:
     """Base of the functional optimizers: hyper-parameters here, parameters and state passed in.
 
     ``lr`` (>= 0) and ``weight_decay`` (>= 0) are floats. A subclass defines ``_slots(param)``
-    (its per-parameter state, as tensors) and ``_update_param(param, grad, slots, step)``
+    (its per-parameter state, as tensors; optionally ``_slot_names()``, their names, so that the
+    state of another optimizer is refused naming them) and ``_update_param(param, grad, slots, step)``
     returning ``(new_param, new_slots)``; ``init``/``update``/``step`` do the rest (see the
     module docstring). Bad input raises ``TypeError``/``ValueError`` naming the argument.
     """
@@ -109,6 +110,11 @@ class Optimizer:
 
     def _slots(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         return {}
+
+    def _slot_names(self) -> tuple[str, ...] | None:
+        """The names ``_slots`` gives every parameter (checked against a state passed in), or
+        ``None``: not known without building them (a subclass that defines only ``_slots``)."""
+        return () if type(self)._slots is Optimizer._slots else None
 
     def _update_param(self, param, grad, slots, step):
         raise NotImplementedError(f"{type(self).__name__} must define _update_param(param, grad, slots, step)")
@@ -158,6 +164,23 @@ class Optimizer:
                 raise TypeError(f"grads{_label(key)} must be a Tensor, got {type(g).__name__}")
             if g.shape != p.shape:
                 raise ValueError(f"grads{_label(key)} has shape {list(g.shape)}, params{_label(key)} {list(p.shape)}")
+        if not isinstance(state["step"], torch.Tensor):
+            raise TypeError("state['step'] must be a Tensor (as init(params) makes it), "
+                            f"got {type(state['step']).__name__}")
+        names = self._slot_names()
+        for (key, p), (_, slots) in zip(pairs, spairs):
+            where = f"state['slots']{_label(key)}"
+            if not isinstance(slots, Mapping):
+                raise TypeError(f"{where} must be a dict of slot tensors, got {type(slots).__name__}")
+            if names is not None and sorted(slots) != sorted(names):
+                raise ValueError(f"{where} has slots {sorted(slots)}, {type(self).__name__} keeps {sorted(names)} "
+                                 "(was the state made by init() of another optimizer or configuration?)")
+            for name, s in slots.items():
+                if not isinstance(s, torch.Tensor):
+                    raise TypeError(f"{where}[{name!r}] must be a Tensor, got {type(s).__name__}")
+                if s.shape != p.shape:
+                    raise ValueError(f"{where}[{name!r}] has shape {list(s.shape)}, params{_label(key)} "
+                                     f"{list(p.shape)} (was the state made by init() for other params?)")
         return pairs, gpairs, spairs
 
     def update(self, params: Any, grads: Any, state: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -232,13 +255,17 @@ class AdamW(Optimizer):
         self.grad_scale = _check_optional_tensor("grad_scale", grad_scale)
         self.found_inf = _check_optional_tensor("found_inf", found_inf)
 
+    def _slot_names(self):
+        return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if self.amsgrad else ("exp_avg", "exp_avg_sq")
+
     def _slots(self, param):
         dtype = self._moment_dtype(param)
-        names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if self.amsgrad else ("exp_avg", "exp_avg_sq")
-        return {n: torch.zeros_like(param, dtype=dtype, memory_format=torch.preserve_format) for n in names}
+        return {n: torch.zeros_like(param, dtype=dtype, memory_format=torch.preserve_format)
+                for n in self._slot_names()}
 
     def _update_param(self, param, grad, slots, step):
         grad = -grad if self.maximize else grad
+        step = step.to(param.device)  # one step count for all parameters, which may sit on several chips
         store = slots["exp_avg"].dtype
         exp_avg = slots["exp_avg"].to(param.dtype)
         exp_avg_sq = slots["exp_avg_sq"].to(param.dtype)
@@ -286,6 +313,9 @@ class Sgd(Optimizer):
         self.foreach, self.fused = foreach, fused
         self.grad_scale = _check_optional_tensor("grad_scale", grad_scale)
         self.found_inf = _check_optional_tensor("found_inf", found_inf)
+
+    def _slot_names(self):
+        return () if self.momentum == 0 else ("momentum_buffer",)
 
     def _slots(self, param):
         if self.momentum == 0:
@@ -367,6 +397,9 @@ class Muon(Optimizer):
         if param.ndim != 2:
             raise ValueError(f"{label}: Muon only supports 2D parameters, got one of size {tuple(param.shape)} "
                              f"(optimize biases, norms and embeddings with AdamW)")
+
+    def _slot_names(self):
+        return ("momentum_buffer",)
 
     def _slots(self, param):
         return {"momentum_buffer": torch.zeros_like(param, dtype=self._moment_dtype(param),

@@ -271,6 +271,16 @@ def test_bad_options(opts, exc, match):
     close(torch.compile(lambda t: t + 2, backend="tpu")(x.to("tpu")), x + 2)  # still works
 
 
+def test_options_that_are_not_a_dict():
+    # torch.compile without backend= (or backend="inductor"): our wrapper reads options first; a
+    # list must not fail there with "AttributeError: 'list' object has no attribute 'items'".
+    for bad in ([("name", "a")], "name=a"):
+        with pytest.raises(TypeError, match=r"torch.compile: options must be a dict, got (list|str)"):
+            torch.compile(lambda t: t + 1, options=bad)
+    x = torch.randn(3)
+    close(torch.compile(lambda t: t + 3, options={"name": "ok"})(x.to("tpu")), x + 3)  # still works
+
+
 # ---------------------------------------------------------------- custom_compiler_options
 
 
@@ -414,3 +424,11 @@ def test_resolve_compilations_bad_input():
         torch_tpu.resolve_compilations(5)
     with pytest.raises(TypeError, match=r"artifacts\[0\] is a str"):
         torch_tpu.resolve_compilations(["x"])
+    # timeout is checked whether or not anything is pending (it was only used, and then failed
+    # deep in concurrent.futures, when a compilation was still running)
+    for bad in ("1", [1]):
+        with pytest.raises(TypeError, match="resolve_compilations: timeout must be None or a number of seconds"):
+            torch_tpu.resolve_compilations(timeout=bad)
+    with pytest.raises(ValueError, match="resolve_compilations: timeout must be >= 0, got -1"):
+        torch_tpu.resolve_compilations(timeout=-1)
+    torch_tpu.resolve_compilations(timeout=0)  # nothing pending: returns

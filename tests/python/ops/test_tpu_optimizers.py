@@ -216,3 +216,52 @@ def test_bad_params_and_grads_raise_naming_them():
     # The process keeps working.
     opt.step(p, {"w": torch.ones(2, 2, device="tpu")}, state)
     assert state["step"].item() == 1 and p["w"].cpu().lt(1).all()
+
+
+@pytest.mark.parametrize("capturable", [True, False])
+def test_adamw_params_on_two_chips_match_torch_optim(capturable):
+    # A model split over tpu:0 and tpu:1: torch.optim.AdamW(capturable=True) keeps one step per
+    # parameter on its device; ours keeps one step, so each update must bring it to its parameter.
+    ref = small_model()
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01)
+    names = [k for k, _ in ref.named_parameters()]
+    params = {k: p.detach().clone().to(f"tpu:{i % 2}") for i, (k, p) in enumerate(ref.named_parameters())}
+    ours = O.AdamW(lr=0.01, use_bfloat16_moments=False, capturable=capturable)
+    state = ours.init(params)
+    for step in range(3):
+        grads = grads_of(ref, step)
+        ref_opt.step()
+        ours.step(params, {k: g.to(params[k].device) for k, g in grads.items()}, state)
+        for k, p in ref.named_parameters():
+            assert params[k].device == torch.device(f"tpu:{names.index(k) % 2}")
+            torch.testing.assert_close(params[k].cpu(), p.detach(), atol=1e-6, rtol=1e-6, msg=f"step {step} {k}")
+    assert state["step"].item() == 3
+
+
+def test_state_of_another_optimizer_or_params_is_refused_before_anything_changes():
+    p = {"w": torch.randn(3, 4, device="tpu")}
+    g = {"w": torch.randn(3, 4, device="tpu")}
+    before = p["w"].clone()
+    # slots of another optimizer / configuration: was a bare KeyError('momentum_buffer') from the update
+    for opt, state, missing in [(O.Sgd(momentum=0.9), O.AdamW().init(p), "momentum_buffer"),
+                                (O.AdamW(amsgrad=True), O.AdamW().init(p), "max_exp_avg_sq"),
+                                (O.AdamW(), O.Sgd().init(p), "exp_avg")]:
+        match = rf"state\['slots'\]\['w'\] has slots .*{type(opt).__name__} keeps .*{missing}"
+        with pytest.raises(ValueError, match=match):
+            opt.update(p, g, state)
+    # slots made for a parameter of another shape: update() broadcast them silently, step() wrote the
+    # parameter and then failed on the slot
+    small = O.AdamW().init({"w": torch.randn(4, device="tpu")})
+    match = r"state\['slots'\]\['w'\]\['exp_avg'\] has shape \[4\], params\['w'\] \[3, 4\]"
+    with pytest.raises(ValueError, match=match):
+        O.AdamW().update(p, g, small)
+    with pytest.raises(ValueError, match=r"has shape \[4\]"):
+        O.AdamW().step(p, g, small)
+    assert torch.equal(p["w"], before)  # nothing written
+    with pytest.raises(TypeError, match=r"state\['step'\] must be a Tensor"):
+        O.AdamW().update(p, g, {"step": 0, "slots": O.AdamW().init(p)["slots"]})
+    with pytest.raises(TypeError, match=r"state\['slots'\]\['w'\] must be a dict of slot tensors, got NoneType"):
+        O.AdamW().update(p, g, {"step": torch.zeros(()), "slots": {"w": None}})
+    state = O.AdamW().init(p)  # the process keeps working
+    O.AdamW().step(p, g, state)
+    assert state["step"].item() == 1 and not torch.equal(p["w"], before)

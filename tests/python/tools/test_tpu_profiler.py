@@ -413,6 +413,22 @@ def test_client_errors_in_process(tmp_path, capsys):
     assert not os.listdir(tmp_path)
 
 
+def test_client_out_that_cannot_hold_a_trace(server, tmp_path, capsys):
+    # --out a file: a bad argument (exit 2) before the job is profiled; --out under a file, found only
+    # when the trace is written: exit 1 with a message, not a traceback.
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(SystemExit) as exit_info:
+        client.main(["capture", "--port", str(server), "--duration-ms", "10", "--out", str(a_file)])
+    assert exit_info.value.code == 2
+    assert "--out" in capsys.readouterr().err
+    under = a_file / "sub"
+    assert client.main(["capture", "--port", str(server), "--duration-ms", "10", "--out", str(under)]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot write the trace under {under}" in err and "Traceback" not in err
+    assert client.main(["capture", "--port", str(server), "--duration-ms", "10", "--out", str(tmp_path / "ok")]) == 0
+
+
 # --- a job in another process, captured by the shipped client ---------------------------------
 
 JOB = """
@@ -480,3 +496,16 @@ def test_no_warnings_from_a_plain_config():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         TpuProfilerConfig(run_dir="somewhere")
+
+
+def test_start_server_inside_a_running_profile_leaves_it_recording():
+    # start_server's warm-up profile must not end the user's session (its events were all lost).
+    with profile() as prof:
+        _work()
+        port = torch.tpu.profiler.start_server(0)
+        _work()
+    try:
+        assert {e.key: e for e in prof.key_averages()}["aten::mm"].count >= 2 * MMS
+        assert _get(port, "/capture?duration_ms=10")[0] == 200  # and the server captures afterwards
+    finally:
+        torch.tpu.profiler.stop_server()
