@@ -246,6 +246,18 @@ def test_graph_break_runs_and_logs(caplog):
     assert s["graph_breaks"] >= 1 and s["graph_break_reasons"]
 
 
+def test_graph_break_before_reset_is_not_counted_after_it():
+    # A call that fails while Dynamo traces it: Dynamo files it as a graph break, and no later
+    # backend call of that frame reads its counters before the reset.
+    with pytest.raises(RuntimeError, match="same reduction dim|cannot be multiplied"):
+        torch.compile(lambda t: t @ t, backend="tpu")(torch.rand(3, 5, device="tpu"))
+    torch_tpu.reset_compile_stats()
+    x = torch.rand(3, 5)
+    close(torch.compile(lambda t: t * 2 + 1, backend="tpu")(x.to("tpu")), x * 2 + 1)
+    s = torch_tpu.compile_stats()
+    assert s["graph_breaks"] == 0 and s["graph_break_reasons"] == [], s["graph_break_reasons"]
+
+
 def test_guard_failure_recompiles():
     def f(x):
         return torch.relu(x) + 1
