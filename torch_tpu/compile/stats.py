@@ -136,7 +136,12 @@ def compile_stats() -> dict[str, Any]:
 
 
 def reset_compile_stats() -> None:
-    """Zero every counter of :func:`compile_stats` (cached programs are kept)."""
+    """Zero every counter of :func:`compile_stats` (cached programs are kept).
+
+    Graph breaks Dynamo filed before the reset stay uncounted: its counters are read lazily,
+    so they are marked as seen here (logged, not counted)."""
+    if "torch._dynamo.utils" in sys.modules:  # nothing to read before Dynamo is imported
+        note_dynamo_events()
     with _lock:
         _stats.update(_fresh_compile())
 
