@@ -278,10 +278,13 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       return;
     }
     // With an out= overload the CPU kernel writes straight into HBM.
-    // (Not for products at reduced precision: their passes need temporaries.)
+    // (Not for products at reduced precision, nor at HIGHEST under a lower
+    // global setting: their passes need temporaries.)
     std::optional<c10::OperatorHandle> out_op;
+    const bool exact_cpu_kernel =
+        precision == at::Float32MatmulPrecision::HIGHEST && at::globalContext().float32MatmulPrecision() == precision;
     if (!fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
-        (precision == at::Float32MatmulPrecision::HIGHEST || !info.matmul)) {
+        (exact_cpu_kernel || !info.matmul)) {
       out_op = info.out_variant;
     }
     if (out_op) {

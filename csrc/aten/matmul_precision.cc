@@ -59,6 +59,30 @@ bool is_f32(const c10::IValue& v) {
 
 at::Tensor round_to_bf16(const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); }
 
+// HIGHEST while ATen's CPU kernel would itself round: under a global "medium"
+// (a torch.tpu.precision(HIGHEST) block), oneDNN computes float32 matmuls on
+// CPUs with bf16 units in bf16. The product is computed in float64 and rounded
+// once to float32 instead. `stack` holds the arguments and gets the returns, as
+// with callBoxed; `written` is the out= argument or, in place, self (-1: none).
+void call_in_float64(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Operands& ops, int written) {
+  torch::jit::Stack wide = *stack;
+  for (int i : {ops.a, ops.b, ops.additive}) {
+    if (i >= 0 && is_f32(wide[i])) wide[i] = wide[i].toTensor().to(at::kDouble);
+  }
+  const bool out = written >= 0 && written != ops.additive;
+  if (out) wide[written] = at::empty({0}, wide[written].toTensor().options().dtype(at::kDouble));
+  op.callBoxed(&wide);
+  at::Tensor result = wide[0].toTensor().to(at::kFloat);
+  if (written >= 0) {
+    at::Tensor target = (*stack)[written].toTensor();
+    if (out && !target.sizes().equals(result.sizes())) target.resize_(result.sizes());
+    target.copy_(result);
+    result = target;
+  }
+  stack->clear();
+  stack->push_back(std::move(result));
+}
+
 }  // namespace
 
 bool is_matmul_family(const c10::OperatorHandle& op) { return operands_of(op) != nullptr; }
@@ -128,9 +152,17 @@ void call_with_matmul_precision(const c10::OperatorHandle& op, torch::jit::Stack
       }
     }
   }
-  if (!ops || precision == at::Float32MatmulPrecision::HIGHEST || !is_f32((*stack)[ops->a]) ||
-      !is_f32((*stack)[ops->b])) {
+  if (!ops || !is_f32((*stack)[ops->a]) || !is_f32((*stack)[ops->b])) {
     op.callBoxed(stack);
+    return;
+  }
+  if (precision == at::Float32MatmulPrecision::HIGHEST) {
+    // Read now, on the thread that runs the kernel: what ATen's CPU kernel will do.
+    if (at::globalContext().float32MatmulPrecision() == at::Float32MatmulPrecision::HIGHEST) {
+      op.callBoxed(stack);
+    } else {
+      call_in_float64(op, stack, *ops, out_arg >= 0 ? out_arg : (in_place ? 0 : -1));
+    }
     return;
   }
   const at::Tensor a = (*stack)[ops->a].toTensor(), b = (*stack)[ops->b].toTensor();
