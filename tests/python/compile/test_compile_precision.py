@@ -5,12 +5,9 @@ called in (no recompilation, no cache-key entry needed)."""
 import torch
 
 import torch_tpu
+from helpers.mxu import bf16 as _bf16
 
 P = torch.tpu.Precision
-
-
-def _bf16(t):
-    return t.to(torch.bfloat16).to(torch.float32)
 
 
 def test_a_compiled_program_follows_the_block_it_runs_in():

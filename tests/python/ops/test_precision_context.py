@@ -8,19 +8,10 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
+from helpers.mxu import bf16 as _bf16
+from helpers.mxu import three_pass as _three_pass
 
 P = torch.tpu.Precision
-
-
-def _bf16(t):
-    return t.to(torch.bfloat16).to(torch.float32)
-
-
-def _three_pass(a, b):
-    """XLA's HIGH (bf16_3x) by hand: a_hi*b_hi + a_hi*b_lo + a_lo*b_hi, in float64."""
-    a_hi, b_hi = _bf16(a), _bf16(b)
-    a_lo, b_lo = _bf16(a - a_hi), _bf16(b - b_hi)
-    return a_hi.double() @ b_hi.double() + a_hi.double() @ b_lo.double() + a_lo.double() @ b_hi.double()
 
 
 def _override():
