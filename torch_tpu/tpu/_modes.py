@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import sys
+import threading
 import warnings
 
 import torch
@@ -108,16 +109,16 @@ class set_eager_mode:
         if _in_compiled_region(1):
             raise RuntimeError("torch.tpu.set_eager_mode: the eager mode cannot change inside a compiled "
                                "region (torch.compile); enter it around the compiled call")
-        self._saved: list[tuple[str | None, str]] = []
+        self._saved = threading.local()  # per thread: (thread-local mode, process-wide mode) stack
         self._entered = False
 
     def __enter__(self) -> None:
         self._entered = True
-        self._saved.append((_C._get_thread_eager_mode(), _C._get_eager_mode()))
+        self._saved.__dict__.setdefault("stack", []).append((_C._get_thread_eager_mode(), _C._get_eager_mode()))
         assign_eager_mode(EagerMode(self._name), "torch.tpu.set_eager_mode")
 
     def __exit__(self, *exc: object) -> bool:
-        thread_mode, global_mode = self._saved.pop()
+        thread_mode, global_mode = self._saved.stack.pop()
         _C._defer_flush()
         if thread_mode is not None:
             _C._set_thread_eager_mode(thread_mode)
@@ -133,10 +134,11 @@ class set_eager_mode:
 
 
 class precision:
-    """``with torch.tpu.precision(mode):`` float32 matmuls and convolutions issued inside the
-    block use ``mode`` (XLA's meaning: ``DEFAULT`` one bf16 MXU pass, ``HIGH`` three,
-    ``HIGHEST`` full float32), overriding ``torch.get_float32_matmul_precision()`` locally;
-    the previous precision comes back on exit, and no global setting changes.
+    """``with torch.tpu.precision(mode):`` float32 matmuls and (forward) convolutions issued
+    inside the block use ``mode`` (XLA's meaning: ``DEFAULT`` one bf16 MXU pass, ``HIGH``
+    three, ``HIGHEST`` full float32), overriding ``torch.get_float32_matmul_precision()``
+    locally; the previous precision comes back on exit, and no global setting changes.
+    Convolution gradients run in full float32 whatever the precision (docs/limits.md).
 
     The override is thread-local: other Python threads keep following the global setting.
     It travels with PyTorch's thread-local state, so the backward pass of a
@@ -154,14 +156,15 @@ class precision:
 
     def __init__(self, mode: Precision):
         self._name = _check_enum(mode, Precision, "torch.tpu.precision", "mode").value
-        self._saved: list[str | None] = []
+        self._saved = threading.local()  # one object may be entered on several threads at once
 
     def __enter__(self) -> None:
-        self._saved.append(_C._matmul_precision_override())
+        stack = self._saved.__dict__.setdefault("stack", [])
+        stack.append(_C._matmul_precision_override())
         _C._set_matmul_precision_override(self._name)
 
     def __exit__(self, *exc: object) -> bool:
-        _C._set_matmul_precision_override(self._saved.pop())
+        _C._set_matmul_precision_override(self._saved.stack.pop())
         return False
 
 

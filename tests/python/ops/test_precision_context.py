@@ -154,6 +154,31 @@ def test_the_override_is_thread_local(global_precision, operands):
     torch.testing.assert_close(mine, _bf16(a) @ _bf16(b), atol=1e-4, rtol=1e-5)
 
 
+def test_one_context_object_entered_on_two_threads(global_precision):
+    """Each thread restores its own previous precision, whatever the order of the exits."""
+    ctx = torch.tpu.precision(P.DEFAULT)
+    other_in, main_in, other_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+        with torch.tpu.precision(P.HIGH):
+            with ctx:
+                other_in.set()
+                main_in.wait(30)
+            seen["other"] = _override()  # its own HIGH block again
+        other_out.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    other_in.wait(30)
+    with ctx:
+        main_in.set()
+        other_out.wait(30)
+        seen["main"] = _override()
+    t.join(30)
+    assert seen == {"other": "high", "main": "medium"} and _override() is None
+
+
 def test_backward_inside_the_block_follows_it(global_precision):
     """The autograd engine runs tpu backward ops on its own thread, under the state of the
     thread that called backward(): the override travels with it."""
