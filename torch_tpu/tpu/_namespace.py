@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -15,9 +16,15 @@ from . import _device, _modes
 _PROPERTIES = ("allow_excess_precision", "eager_mode")
 
 
-def not_available(qualname: str, what: str, why: str | None) -> NotImplementedError:
+class NotAvailableError(NotImplementedError, AttributeError):
+    """A TorchTPU name this build does not offer. A NotImplementedError that names it and says
+    why; an AttributeError too, so ``hasattr()`` is False and ``getattr(..., None)`` is None for
+    code that probes (as ``torch.tpu.ops.MissingOpError``)."""
+
+
+def not_available(qualname: str, what: str, why: str | None) -> NotAvailableError:
     """The error for a TorchTPU name this build does not offer: names it, says what it is and why."""
-    return NotImplementedError(f"{qualname} ({what}) is not available: {why or 'missing from this installation'}")
+    return NotAvailableError(f"{qualname} ({what}) is not available: {why or 'missing from this installation'}")
 
 
 class _Submodules:
@@ -29,13 +36,18 @@ class _Submodules:
 
     def present(self, name: str) -> bool:
         full = f"{self.package}.{name}"
-        return full in sys.modules or importlib.util.find_spec(full) is not None
+        # The path finder itself: the meta-path finder below asks this for the package's names.
+        return full in sys.modules or importlib.machinery.PathFinder.find_spec(
+            full, sys.modules[self.package].__path__) is not None
+
+    def error(self, name: str) -> NotAvailableError:
+        what, why = self.table[name]
+        return not_available(f"torch.tpu.{name}", what, why)
 
     def load(self, name: str) -> types.ModuleType:
-        """``<package>.<name>`` imported; NotImplementedError naming ``torch.tpu.<name>`` if it is missing."""
+        """``<package>.<name>`` imported; NotAvailableError naming ``torch.tpu.<name>`` if it is missing."""
         if not self.present(name):
-            what, why = self.table[name]
-            raise not_available(f"torch.tpu.{name}", what, why)
+            raise self.error(name)
         return importlib.import_module(f"{self.package}.{name}")
 
 
@@ -90,12 +102,20 @@ class TPUModule(types.ModuleType):
 class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """``import torch.tpu.<sub>`` gives the module ``torch_tpu.tpu.<sub>``. Without it Python
     would load the file a second time under the name ``torch.tpu.<sub>``, whose relative
-    imports then point into ``torch``."""
+    imports then point into ``torch``. Importing a submodule of the table that is missing
+    (``import torch_tpu.tpu.pallas``, and ``from torch.tpu import pallas``, which Python
+    resolves under the package's own name) raises its NotAvailableError."""
 
     def __init__(self, submodules: _Submodules):
         self.submodules = submodules
 
     def find_spec(self, fullname, path=None, target=None):
+        own = self.submodules.package + "."
+        if fullname.startswith(own):
+            name = fullname[len(own):]
+            if name in self.submodules.table and not self.submodules.present(name):
+                raise self.submodules.error(name)
+            return None
         if not fullname.startswith("torch.tpu."):
             return None
         rest = fullname[len("torch.tpu."):]

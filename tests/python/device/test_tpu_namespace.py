@@ -68,6 +68,7 @@ def test_torchtpu_submodules_of_sibling_issues_raise_not_implemented(name):
         importlib.import_module(f"torch.tpu.{name}")
     with pytest.raises(NotImplementedError, match=rf"torch\.tpu\.{name}"):
         exec(f"from torch.tpu import {name}", {})
+    assert not hasattr(torch.tpu, name) and getattr(torch.tpu, name, None) is None  # probing code
     assert torch.tpu.device_count() > 0  # the process keeps working
 
 
