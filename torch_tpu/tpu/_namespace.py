@@ -108,6 +108,7 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def __init__(self, submodules: _Submodules):
         self.submodules = submodules
+        self._real_specs: dict[str, importlib.machinery.ModuleSpec] = {}
 
     def find_spec(self, fullname, path=None, target=None):
         own = self.submodules.package + "."
@@ -120,18 +121,23 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return None
         rest = fullname[len("torch.tpu."):]
         head = rest.split(".")[0]
-        if head in self.submodules.table:
-            self.submodules.load(head)  # NotImplementedError for a missing one
+        if head in self.submodules.table and not self.submodules.present(head):
+            raise self.submodules.error(head)
+        # Only find here: loading the module now could make it enter sys.modules under
+        # `fullname` (a module that aliases itself), and Python would then load its file again.
         real = f"{self.submodules.package}.{rest}"
         if real not in sys.modules and importlib.util.find_spec(real) is None:
             return None
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec):
-        return importlib.import_module(f"{self.submodules.package}.{spec.name[len('torch.tpu.'):]}")
+        module = importlib.import_module(f"{self.submodules.package}.{spec.name[len('torch.tpu.'):]}")
+        self._real_specs[spec.name] = module.__spec__  # Python overwrites it with the alias's
+        return module
 
     def exec_module(self, module):
-        pass  # it ran under its own name
+        # It ran under its own name; give it back its own spec.
+        module.__spec__ = self._real_specs.pop(module.__spec__.name, module.__spec__)
 
 
 def install(package: str, table: dict[str, tuple[str, str | None]]) -> None:
