@@ -26,22 +26,26 @@ import contextlib
 from collections.abc import Iterator
 
 from . import _C
+from .tpu import EagerMode
 
 MODES = ("strict", "debug", "defer_and_fuse")
 
 
 def _check(mode: str) -> str:
+    if isinstance(mode, EagerMode):  # TorchTPU's enum: its values are these names
+        return mode.value
     if mode not in MODES:
         raise ValueError(f"unknown eager mode {mode!r}; valid modes: {', '.join(MODES)}")
     return mode
 
 
 def set_eager_mode(mode: str) -> None:
-    """Set the process-wide eager mode. Raises ValueError for an unknown mode.
+    """Set the process-wide eager mode (a name of ``MODES``, or a ``torch.tpu.EagerMode``).
+    Raises ValueError for an unknown mode.
 
     Leaving ``"defer_and_fuse"`` issues the work it has recorded.
     """
-    _check(mode)
+    mode = _check(mode)
     _C._defer_flush()
     _C._set_eager_mode(mode)
 
@@ -53,11 +57,12 @@ def get_eager_mode() -> str:
 
 @contextlib.contextmanager
 def eager_mode(mode: str) -> Iterator[None]:
-    """Use ``mode`` on this thread inside the block (wins over the global mode).
+    """Use ``mode`` (a name of ``MODES``, or a ``torch.tpu.EagerMode``) on this thread inside
+    the block (wins over the global mode). Raises ValueError for an unknown mode.
 
     Work recorded by ``"defer_and_fuse"`` inside the block is issued when it ends.
     """
-    _check(mode)
+    mode = _check(mode)
     previous = _C._get_thread_eager_mode()
     _C._set_thread_eager_mode(mode)
     try:

@@ -260,7 +260,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   for (size_t r = 0; r < meta.size() && pure_view; ++r) pure_view = !info.returns[r].write;
   if (!(pure_view && !info.writes_args)) {
     auto& stream = current_vtpu_stream(device);
-    const auto precision = at::globalContext().float32MatmulPrecision();
+    const auto precision = effective_matmul_precision();
     chip(device).record_cost(op_cost(schema, args, result_tensors(results), precision));
     if (dry_run()) {  // shaped, allocated and priced; not computed
       // Arguments it writes now hold values nobody computed (fresh results already do).
@@ -278,10 +278,13 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       return;
     }
     // With an out= overload the CPU kernel writes straight into HBM.
-    // (Not for products at reduced precision: their passes need temporaries.)
+    // (Not for products at reduced precision, nor at HIGHEST under a lower
+    // global setting: their passes need temporaries.)
     std::optional<c10::OperatorHandle> out_op;
+    const bool exact_cpu_kernel =
+        precision == at::Float32MatmulPrecision::HIGHEST && at::globalContext().float32MatmulPrecision() == precision;
     if (!fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
-        (precision == at::Float32MatmulPrecision::HIGHEST || !info.matmul)) {
+        (exact_cpu_kernel || !info.matmul)) {
       out_op = info.out_variant;
     }
     if (out_op) {
@@ -397,9 +400,10 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
     }
   }
   std::vector<IValue> cpu_args(cpu.begin(), cpu.end());
+  const auto precision = effective_matmul_precision();
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    call_with_matmul_precision(op, &cpu, at::globalContext().float32MatmulPrecision());
+    call_with_matmul_precision(op, &cpu, precision);
   }
   for (size_t i = 0; i < num_args; ++i) {
     if (!is_out[i]) continue;
@@ -437,8 +441,7 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
     }
   }
   std::vector<IValue> returned(stack->end() - cpu.size(), stack->end());
-  chip(device).record_cost(
-      op_cost(schema, args, result_tensors(returned), at::globalContext().float32MatmulPrecision()));
+  chip(device).record_cost(op_cost(schema, args, result_tensors(returned), precision));
 }
 
 void tpu_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { tpu_fallback(op, stack); }

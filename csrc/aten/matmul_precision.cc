@@ -1,12 +1,36 @@
 #include "aten/matmul_precision.h"
 
+#include <ATen/ThreadLocalPythonObjects.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
 
+#include <atomic>
 #include <string>
 #include <unordered_map>
 
 namespace torch_tpu {
 namespace {
+
+// The key of the override in at::impl::ThreadLocalPythonObjects.
+const std::string& override_key() {
+  static const std::string key = "torch_tpu.matmul_precision";
+  return key;
+}
+
+// Leaked on purpose: a token must outlive every thread-local copy of the
+// state, and its destructor would touch Python after the interpreter ends.
+std::array<std::shared_ptr<c10::SafePyObject>, 3>* tokens = nullptr;
+// No override was ever set: the per-op read is one atomic load.
+std::atomic<bool> override_used{false};
+
+constexpr std::array<at::Float32MatmulPrecision, 3> kPrecisions = {
+    at::Float32MatmulPrecision::HIGHEST, at::Float32MatmulPrecision::HIGH, at::Float32MatmulPrecision::MEDIUM};
+
+size_t token_index(at::Float32MatmulPrecision precision) {
+  for (size_t i = 0; i < kPrecisions.size(); ++i)
+    if (kPrecisions[i] == precision) return i;
+  TORCH_CHECK_VALUE(false, "matmul precision: unknown value ", static_cast<int>(precision));
+}
 
 // Argument positions: the two matrix operands and the additive term (bias or
 // `self` scaled by beta), which the extra passes of `high` must not repeat.
@@ -35,9 +59,81 @@ bool is_f32(const c10::IValue& v) {
 
 at::Tensor round_to_bf16(const at::Tensor& t) { return t.to(at::kBFloat16).to(at::kFloat); }
 
+// HIGHEST while ATen's CPU kernel would itself round: under a global "medium"
+// (a torch.tpu.precision(HIGHEST) block), oneDNN computes float32 matmuls on
+// CPUs with bf16 units in bf16. The product is computed in float64 and rounded
+// once to float32 instead. `stack` holds the arguments and gets the returns, as
+// with callBoxed; `written` is the out= argument or, in place, self (-1: none).
+void call_in_float64(const c10::OperatorHandle& op, torch::jit::Stack* stack, const Operands& ops, int written) {
+  torch::jit::Stack wide = *stack;
+  for (int i : {ops.a, ops.b, ops.additive}) {
+    if (i >= 0 && is_f32(wide[i])) wide[i] = wide[i].toTensor().to(at::kDouble);
+  }
+  const bool out = written >= 0 && written != ops.additive;
+  if (out) wide[written] = at::empty({0}, wide[written].toTensor().options().dtype(at::kDouble));
+  op.callBoxed(&wide);
+  at::Tensor result = wide[0].toTensor().to(at::kFloat);
+  if (written >= 0) {
+    at::Tensor target = (*stack)[written].toTensor();
+    if (out && !target.sizes().equals(result.sizes())) target.resize_(result.sizes());
+    target.copy_(result);
+    result = target;
+  }
+  stack->clear();
+  stack->push_back(std::move(result));
+}
+
 }  // namespace
 
 bool is_matmul_family(const c10::OperatorHandle& op) { return operands_of(op) != nullptr; }
+
+std::optional<at::Float32MatmulPrecision> matmul_precision_override() {
+  if (!override_used.load(std::memory_order_acquire) || tokens == nullptr) return std::nullopt;
+  if (!at::impl::ThreadLocalPythonObjects::contains(override_key())) return std::nullopt;
+  const c10::SafePyObject* token = at::impl::ThreadLocalPythonObjects::get(override_key()).get();
+  for (size_t i = 0; i < kPrecisions.size(); ++i)
+    if ((*tokens)[i].get() == token) return kPrecisions[i];
+  return std::nullopt;  // another object under our key: not ours to interpret
+}
+
+at::Float32MatmulPrecision effective_matmul_precision() {
+  auto local = matmul_precision_override();
+  return local ? *local : at::globalContext().float32MatmulPrecision();
+}
+
+void set_matmul_precision_override(std::optional<at::Float32MatmulPrecision> precision) {
+  if (!precision) {
+    if (at::impl::ThreadLocalPythonObjects::contains(override_key()))
+      at::impl::ThreadLocalPythonObjects::erase(override_key());
+    return;
+  }
+  TORCH_CHECK(tokens != nullptr, "matmul precision override: tokens not installed");
+  override_used.store(true);
+  at::impl::ThreadLocalPythonObjects::set(override_key(), (*tokens)[token_index(*precision)]);
+}
+
+void set_matmul_precision_tokens(std::array<std::shared_ptr<c10::SafePyObject>, 3> t) {
+  if (tokens == nullptr) tokens = new std::array<std::shared_ptr<c10::SafePyObject>, 3>(std::move(t));
+}
+
+const char* matmul_precision_name(at::Float32MatmulPrecision precision) {
+  switch (precision) {
+    case at::Float32MatmulPrecision::HIGHEST:
+      return "highest";
+    case at::Float32MatmulPrecision::HIGH:
+      return "high";
+    case at::Float32MatmulPrecision::MEDIUM:
+      return "medium";
+  }
+  return "highest";
+}
+
+at::Float32MatmulPrecision parse_matmul_precision(const std::string& name) {
+  if (name == "highest") return at::Float32MatmulPrecision::HIGHEST;
+  if (name == "high") return at::Float32MatmulPrecision::HIGH;
+  if (name == "medium") return at::Float32MatmulPrecision::MEDIUM;
+  TORCH_CHECK_VALUE(false, "unknown matmul precision '", name, "'; valid: highest, high, medium");
+}
 
 void call_with_matmul_precision(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                                 at::Float32MatmulPrecision precision) {
@@ -56,9 +152,17 @@ void call_with_matmul_precision(const c10::OperatorHandle& op, torch::jit::Stack
       }
     }
   }
-  if (!ops || precision == at::Float32MatmulPrecision::HIGHEST || !is_f32((*stack)[ops->a]) ||
-      !is_f32((*stack)[ops->b])) {
+  if (!ops || !is_f32((*stack)[ops->a]) || !is_f32((*stack)[ops->b])) {
     op.callBoxed(stack);
+    return;
+  }
+  if (precision == at::Float32MatmulPrecision::HIGHEST) {
+    // Read now, on the thread that runs the kernel: what ATen's CPU kernel will do.
+    if (at::globalContext().float32MatmulPrecision() == at::Float32MatmulPrecision::HIGHEST) {
+      op.callBoxed(stack);
+    } else {
+      call_in_float64(op, stack, *ops, out_arg >= 0 ? out_arg : (in_place ? 0 : -1));
+    }
     return;
   }
   const at::Tensor a = (*stack)[ops->a].toTensor(), b = (*stack)[ops->b].toTensor();

@@ -1,15 +1,53 @@
 // float32 matrix products with the TPU's MXU numerics, selected by
-// torch.get_float32_matmul_precision() (docs/design.md "Numerics"):
-//   highest: exact float32;
-//   high:    three bf16 passes (a_hi*b_hi + a_hi*b_lo + a_lo*b_hi, fp32 accumulation);
-//   medium:  one bf16 pass (inputs rounded to bf16, fp32 accumulation) — the TPU's native mode.
+// torch.get_float32_matmul_precision(), or locally by torch.tpu.precision()
+// (docs/design.md "Numerics"):
+//   highest: exact float32                                  (XLA's HIGHEST);
+//   high:    three bf16 passes (a_hi*b_hi + a_hi*b_lo + a_lo*b_hi, fp32 accumulation)  (HIGH);
+//   medium:  one bf16 pass (inputs rounded to bf16, fp32 accumulation) — the TPU's native
+//            mode                                           (DEFAULT).
 #pragma once
 
 #include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/core/SafePyObject.h>
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <string>
 
 namespace torch_tpu {
+
+// The precision a float32 product issued now uses: the calling thread's
+// override (torch.tpu.precision) if one is set, else the global
+// torch.get_float32_matmul_precision(). Read once per op, at the call: work
+// queued on a chip's stream carries the value read here.
+at::Float32MatmulPrecision effective_matmul_precision();
+
+// The calling thread's override (nullopt: none). The override lives in
+// PyTorch's thread-local state (at::impl::ThreadLocalPythonObjects), which
+// at::ThreadLocalState carries to the threads that work on the thread's behalf:
+// the autograd engine's device threads run a backward() under the state of the
+// thread that called it, so the backward matmuls of a loss.backward() issued
+// inside the block follow the override too. (ThreadLocalDebugInfo, the other
+// propagated slot, is a push/pop stack that a profiler started or stopped inside
+// the block would break.)
+std::optional<at::Float32MatmulPrecision> matmul_precision_override();
+// Sets (a precision) or clears (nullopt) the calling thread's override. Needs
+// set_matmul_precision_tokens() first.
+void set_matmul_precision_override(std::optional<at::Float32MatmulPrecision> precision);
+
+// The three objects (indexed by at::Float32MatmulPrecision: HIGHEST, HIGH,
+// MEDIUM) that stand for an override in the thread-local state; they are
+// recognised by identity, so reading the override touches no Python object.
+// Set once by the Python bindings, which own the interpreter.
+void set_matmul_precision_tokens(std::array<std::shared_ptr<c10::SafePyObject>, 3> tokens);
+
+// "highest" | "high" | "medium" (torch.set_float32_matmul_precision's names);
+// parse raises ValueError listing them.
+const char* matmul_precision_name(at::Float32MatmulPrecision precision);
+at::Float32MatmulPrecision parse_matmul_precision(const std::string& name);
 
 // Whether `op` is a matrix product whose float32 numerics follow the precision.
 bool is_matmul_family(const c10::OperatorHandle& op);

@@ -2,11 +2,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
 
 #include <thread>
 
+#include "aten/matmul_precision.h"
 #include "aten/portability.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -150,6 +152,20 @@ PYBIND11_MODULE(_C, m) {
     set_thread_eager_mode(name ? std::optional<EagerMode>(parse_eager_mode(*name)) : std::nullopt);
   });
   m.def("_effective_eager_mode", [] { return std::string(eager_mode_name(eager_mode())); });
+  // torch.tpu.precision: the tokens are the names themselves (str objects kept forever).
+  set_matmul_precision_tokens({
+      std::make_shared<c10::SafePyObject>(py::str("highest").release().ptr(), getPyInterpreter()),
+      std::make_shared<c10::SafePyObject>(py::str("high").release().ptr(), getPyInterpreter()),
+      std::make_shared<c10::SafePyObject>(py::str("medium").release().ptr(), getPyInterpreter()),
+  });
+  m.def("_matmul_precision_override", []() -> py::object {
+    auto precision = matmul_precision_override();
+    return precision ? py::object(py::str(matmul_precision_name(*precision))) : py::object(py::none());
+  });
+  m.def("_set_matmul_precision_override", [](std::optional<std::string> name) {
+    set_matmul_precision_override(name ? std::optional(parse_matmul_precision(*name)) : std::nullopt);
+  });
+  m.def("_effective_matmul_precision", [] { return std::string(matmul_precision_name(effective_matmul_precision())); });
   m.def("_set_check_finite", [](bool enabled) { set_check_finite(enabled); });
   m.def("_check_finite", [] { return check_finite(); });
   m.def("_device_count", [] { return translate_errors([] { return static_cast<int>(device_count()); }); });

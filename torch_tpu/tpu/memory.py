@@ -5,24 +5,29 @@ tensors occupy in the TPU's tiled layout. ``requested_bytes`` and
 ``logical_bytes`` are the bytes the tensors asked for.
 """
 
-from collections import OrderedDict
-from typing import Any
+from collections import OrderedDict as _OrderedDict
+from typing import Any as _Any
 
 from .. import _C
-from .._units import format_bytes
+from .._units import format_bytes as _format_bytes
 from ._utils import _device_index
+
+__all__ = [
+    "empty_cache", "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated",
+    "memory_reserved", "memory_stats", "memory_summary", "reset_peak_memory_stats",
+]
 
 
 def _raw(device) -> dict[str, int]:
     return _C._memory_stats(_device_index(device))
 
 
-def memory_stats(device=None) -> dict[str, Any]:
+def memory_stats(device=None) -> dict[str, _Any]:
     """CUDA-style keys (``allocated_bytes.all.current``, ``reserved_bytes.all.peak``,
     ``num_alloc_retries``, ``num_ooms``, ...) plus ``physical_bytes.*``,
     ``logical_bytes.*``, ``capacity_bytes`` and ``largest_free_block``."""
     s = _raw(device)
-    out = OrderedDict()
+    out = _OrderedDict()
     for key, cur, peak in [
         ("allocated_bytes", s["allocated_bytes"], s["allocated_bytes_peak"]),
         ("active_bytes", s["allocated_bytes"], s["allocated_bytes_peak"]),
@@ -87,10 +92,10 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
         ("Requested (logical)", s["logical_bytes"], s["logical_bytes_peak"]),
         ("Reserved", s["reserved_bytes"], s["reserved_bytes_peak"]),
     ]
-    lines = [f"tpu:{idx} HBM memory summary (capacity {format_bytes(s['capacity_bytes'], 2)})",
+    lines = [f"tpu:{idx} HBM memory summary (capacity {_format_bytes(s['capacity_bytes'], 2)})",
              f"{'':24}{'current':>14}{'peak':>14}"]
-    lines += [f"{name:24}{format_bytes(cur, 2):>14}{format_bytes(peak, 2):>14}" for name, cur, peak in rows]
-    lines.append(f"{'Largest free block':24}{format_bytes(s['largest_free_block'], 2):>14}")
+    lines += [f"{name:24}{_format_bytes(cur, 2):>14}{_format_bytes(peak, 2):>14}" for name, cur, peak in rows]
+    lines.append(f"{'Largest free block':24}{_format_bytes(s['largest_free_block'], 2):>14}")
     lines.append(f"allocations {s['num_allocs']}, frees {s['num_frees']}, segments {s['segments']}, "
                  f"alloc retries {s['num_alloc_retries']}, OOMs {s['num_ooms']}")
     return "\n".join(lines)

@@ -319,7 +319,7 @@ def test_backward_right_before_interpreter_exit_does_not_abort():
     for _ in range(5):
         proc = _run_and_exit("""
             import atexit
-            from torch_tpu import tpu as tpu_module
+            from torch_tpu.tpu import _device as tpu_module
             x = torch.ones(4, device="tpu", requires_grad=True)
             torch.compile(lambda t: (t * 2).sum(), backend="tpu")(x).backward()
             atexit.unregister(tpu_module._drain_at_exit)

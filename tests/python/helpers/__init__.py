@@ -11,4 +11,5 @@ conftest.py.
 - dist_worker.py    one rank of a scenario (run as a script, by path)
 - opinfo_harness.py OpInfo cases against CPU; opinfo_skips.py the skipped ones, with reasons
 - import_graph.py   torch_tpu's static import graph and its cycles
+- mxu.py            hand-rounded oracles of the float32 matmul precisions
 """

@@ -5,6 +5,8 @@ import torch
 import torch.nn.functional as F
 
 import torch_tpu
+from helpers.mxu import bf16 as _bf16
+from helpers.mxu import three_pass as _three_pass
 
 
 @pytest.fixture
@@ -12,16 +14,6 @@ def precision():
     old = torch.get_float32_matmul_precision()
     yield torch.set_float32_matmul_precision
     torch.set_float32_matmul_precision(old)
-
-
-def _bf16(t):
-    return t.to(torch.bfloat16).to(torch.float32)
-
-
-def _three_pass(a, b):
-    a_hi, b_hi = _bf16(a), _bf16(b)
-    a_lo, b_lo = _bf16(a - a_hi), _bf16(b - b_hi)
-    return a_hi.double() @ b_hi.double() + a_hi.double() @ b_lo.double() + a_lo.double() @ b_hi.double()
 
 
 def test_highest_is_exact_fp32(precision):

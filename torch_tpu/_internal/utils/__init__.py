@@ -1,0 +1,1 @@
+"""``torch_tpu._internal.utils``: helpers other projects import (``hardware``)."""
