@@ -152,6 +152,16 @@ def test_bf16_arithmetic_rounds_per_op_like_eager(defer):
     assert torch.equal(f(x.tpu(), y.tpu()).cpu(), f(x, y))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_python_scalars_in_16_bit_chains_round_like_eager(dtype, defer):
+    # ATen casts the scalar of add/sub/rsub to the 16-bit common dtype (0.3 -> 0.30078125 in
+    # bf16) and reads mul/div's in float32: a fused chain must do the same.
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)).to(dtype)
+    for f in (lambda t: t * 1.7 + 0.3, lambda t: t * 1.7 - 0.3, lambda t: 0.3 - t * 1.7,
+              lambda t: (t + 0.3) * 0.7 / 1.3, lambda t: torch.add(t * 2, 0.3, alpha=3)):
+        assert torch.equal(f(x.tpu()).cpu(), f(x))
+
+
 def test_chain_is_one_region_and_intermediates_get_no_hbm(defer):
     x = torch.randn(512, 1024).tpu()
     torch.tpu.synchronize()
