@@ -206,7 +206,7 @@ c10::ScalarType float_out(Lowering& L) {
 
 // self + alpha * other (sub: -, rsub: other - alpha * self).
 // exact_scalar false: a scalar operand is rounded to the common dtype first
-// (ATen's add/sub.Scalar and mul_.Scalar on 16-bit floats).
+// (ATen's add, sub and rsub, and mul_.Scalar, on 16-bit floats).
 void add_sub(Lowering& L, OpKind kind, bool reverse, bool exact_scalar = true) {
   c10::ScalarType ct = L.promote({0, 1});
   require(ct != c10::kBool);
@@ -740,10 +740,12 @@ Table build_table() {
   Table t;
   // Binary arithmetic.
   for (const char* ov : {".Tensor", ".Scalar"}) {
-    add_op(t, std::string("aten::add") + ov, [](Lowering& L) { add_sub(L, OpKind::kAdd, false); });
-    add_op(t, std::string("aten::sub") + ov, [](Lowering& L) { add_sub(L, OpKind::kSubtract, false); });
+    // ATen casts the scalar of add/sub/rsub (Tensor and Scalar overloads) to the common dtype;
+    // mul/div read theirs in opmath precision.
+    add_op(t, std::string("aten::add") + ov, [](Lowering& L) { add_sub(L, OpKind::kAdd, false, false); });
+    add_op(t, std::string("aten::sub") + ov, [](Lowering& L) { add_sub(L, OpKind::kSubtract, false, false); });
     add_op(
-        t, std::string("aten::rsub") + ov, [](Lowering& L) { add_sub(L, OpKind::kSubtract, true); }, false);
+        t, std::string("aten::rsub") + ov, [](Lowering& L) { add_sub(L, OpKind::kSubtract, true, false); }, false);
     add_op(t, std::string("aten::mul") + ov, [](Lowering& L) { mul_div(L, OpKind::kMultiply); });
     add_op(t, std::string("aten::div") + ov, [](Lowering& L) { mul_div(L, OpKind::kDivide); });
     add_op(
@@ -761,11 +763,7 @@ Table build_table() {
     add_op(t, std::string("aten::bitwise_and") + ov, [](Lowering& L) { bitwise(L, OpKind::kAnd); });
     add_op(t, std::string("aten::bitwise_or") + ov, [](Lowering& L) { bitwise(L, OpKind::kOr); });
   }
-  // ATen rounds the scalar of these overloads to a 16-bit common dtype.
-  for (const char* name : {"aten::add.Scalar", "aten::add_.Scalar"})
-    t[name] = [](Lowering& L) { add_sub(L, OpKind::kAdd, false, false); };
-  for (const char* name : {"aten::sub.Scalar", "aten::sub_.Scalar"})
-    t[name] = [](Lowering& L) { add_sub(L, OpKind::kSubtract, false, false); };
+  // ATen rounds the scalar of in-place mul_.Scalar to a 16-bit common dtype.
   t["aten::mul_.Scalar"] = [](Lowering& L) { mul_div(L, OpKind::kMultiply, false); };
   add_op(t, "aten::true_divide.Tensor", [](Lowering& L) { mul_div(L, OpKind::kDivide); });
   add_op(
