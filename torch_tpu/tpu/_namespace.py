@@ -19,7 +19,7 @@ _PROPERTIES = ("allow_excess_precision", "eager_mode")
 class NotAvailableError(NotImplementedError, AttributeError):
     """A TorchTPU name this build does not offer. A NotImplementedError that names it and says
     why; an AttributeError too, so ``hasattr()`` is False and ``getattr(..., None)`` is None for
-    code that probes (as ``torch.tpu.ops.MissingOpError``)."""
+    code that probes (``torch.tpu.ops.MissingOpError`` is this class)."""
 
 
 def not_available(qualname: str, what: str, why: str | None) -> NotAvailableError:

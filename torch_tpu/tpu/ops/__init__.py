@@ -12,6 +12,7 @@ Listed in docs/tpu-api.md.
 
 from __future__ import annotations
 
+from .._namespace import NotAvailableError
 from ._barrier import optimization_barrier
 from ._collectives import all_gather_dim, ragged_all_to_all, recv, reduce_scatter_dim, send
 from ._jagged import align_jagged_to_multiple, strip_jagged_padding
@@ -43,8 +44,8 @@ NOT_YET = {
 }
 
 
-class MissingOpError(NotImplementedError, AttributeError):
-    """Raised on access to a TorchTPU op that torch_tpu lacks (an AttributeError too, so hasattr() is False)."""
+# The namespace's error for a TorchTPU name this build lacks (an AttributeError too: hasattr() is False).
+MissingOpError = NotAvailableError
 
 
 def __getattr__(name: str):
