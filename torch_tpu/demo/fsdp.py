@@ -65,24 +65,52 @@ def _state_dicts(model, opt):
     return {"model": msd, "optimizer": osd}
 
 
-def save_dcp(out: str, step: int, model, opt, meta: dict, rank: int) -> str:
-    """Save model and optimizer shards of every rank to ``out/dcp-<step>/``; rank 0 then writes
-    ``demo.json`` (which marks it complete), points ``out/latest-dcp`` at it and deletes older
-    complete checkpoints beyond KEEP_CHECKPOINTS. Collective: every rank must call it."""
+def publish_dcp(out: str, path: str, meta: dict, step: int, keep: list[str]) -> None:
+    """Rank 0's part of a save once every shard of ``path`` is written: write ``demo.json`` (which
+    marks it complete), point ``out/latest-dcp`` at it, and delete the other complete checkpoints
+    of ``out`` except ``keep`` (this run's previous ones): by lineage, not step number, so that a
+    new run never deletes what it just saved because an older run reached higher steps."""
+    tmp = os.path.join(path, META + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({**meta, "step": step}, f)
+    os.replace(tmp, os.path.join(path, META))
+    with open(os.path.join(out, LATEST_DCP + ".tmp"), "w") as f:
+        f.write(os.path.basename(path) + "\n")
+    os.replace(os.path.join(out, LATEST_DCP + ".tmp"), os.path.join(out, LATEST_DCP))
+    keep_set = {os.path.abspath(p) for p in keep} | {os.path.abspath(path)}
+    for _, old in list_dcp_checkpoints(out):
+        if os.path.abspath(old) not in keep_set:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def find_dcp_checkpoint(out: str) -> tuple[dict, str] | None:
+    """``(meta, path)`` of the checkpoint to resume: the one ``out/latest-dcp`` names when it is
+    complete, else the complete one with the highest step; None if ``out`` has none."""
+    try:
+        with open(os.path.join(out, LATEST_DCP)) as f:
+            named = os.path.join(out, f.read().strip())
+    except OSError:
+        named = None
+    found = [p for _, p in list_dcp_checkpoints(out)]
+    if named is not None and os.path.abspath(named) in {os.path.abspath(p) for p in found}:
+        path = named
+    elif found:
+        path = found[0]
+    else:
+        return None
+    with open(os.path.join(path, META)) as f:
+        return json.load(f), path
+
+
+def save_dcp(out: str, step: int, model, opt, meta: dict, rank: int, keep: list[str]) -> str:
+    """Save model and optimizer shards of every rank to ``out/dcp-<step>/``; rank 0 then publishes
+    it (:func:`publish_dcp`, keeping ``keep``). Collective: every rank must call it."""
     import torch.distributed.checkpoint as dcp
 
     path = os.path.join(out, f"dcp-{step:07d}")
     dcp.save(_state_dicts(model, opt), checkpoint_id=path)  # returns once every rank's shards are written
     if rank == 0:
-        tmp = os.path.join(path, META + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump({**meta, "step": step}, f)
-        os.replace(tmp, os.path.join(path, META))
-        with open(os.path.join(out, LATEST_DCP + ".tmp"), "w") as f:
-            f.write(os.path.basename(path) + "\n")
-        os.replace(os.path.join(out, LATEST_DCP + ".tmp"), os.path.join(out, LATEST_DCP))
-        for _, old in list_dcp_checkpoints(out)[loop.KEEP_CHECKPOINTS:]:
-            shutil.rmtree(old, ignore_errors=True)
+        publish_dcp(out, path, meta, step, keep)
     dist.barrier()  # nobody reads or prunes the folder before rank 0 is done with it
     return path
 
@@ -121,6 +149,7 @@ class FSDPJob(loop.Job):
         super().__init__(device, topo)
         self.rank, self.world = rank, world
         self.oom_prefix = f"rank {rank}: "
+        self.lineage: list[str] = []  # this run's DCP checkpoints (the previous one survives a save)
 
     def check(self, args) -> None:
         if args.batch_size % self.world:
@@ -136,12 +165,7 @@ class FSDPJob(loop.Job):
         return f"{args.batch_size // self.world} x {args.seq_len} tokens per rank, FSDP2 over {self.world} ranks"
 
     def find_checkpoint(self, out: str) -> tuple[dict, str] | None:
-        found = list_dcp_checkpoints(out)
-        if not found:
-            return None
-        path = found[0][1]
-        with open(os.path.join(path, META)) as f:
-            return json.load(f), path
+        return find_dcp_checkpoint(out)
 
     def place(self, model: GPT) -> GPT:
         return shard_model(model.to(self.device))
@@ -152,9 +176,13 @@ class FSDPJob(loop.Job):
             load_dcp(path, model, opt)
         except Exception as e:  # noqa: BLE001  (DCP raises CheckpointException wrapping each rank's error)
             raise CheckpointError(f"--resume: cannot load {path}: {clean_error_text(e)}") from None
+        self.lineage = [path]
 
     def save(self, out: str, step: int, model, opt, meta: dict) -> str:
-        return save_dcp(out, step, model, opt, {**meta, "world_size": self.world}, self.rank)
+        path = save_dcp(out, step, model, opt, {**meta, "world_size": self.world}, self.rank,
+                        keep=self.lineage[-(loop.KEEP_CHECKPOINTS - 1):])
+        self.lineage.append(path)
+        return path
 
     def rows(self, batch_size: int) -> slice:
         b = batch_size // self.world
