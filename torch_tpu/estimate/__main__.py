@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16 autocast or fp32")
     p.add_argument("--loss-chunks", type=int, default=None,
                    help="Llama: output projection and loss over N chunks of tokens, each recomputed in backward "
-                        "(default: enough chunks for 1 GiB of float32 logits each)")
+                        "(default: enough chunks for at most 256 MiB of float32 logits each)")
     p.add_argument("--no-overlap", action="store_true",
                    help="do not overlap FSDP / DP collectives with compute (they add to the step)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the step-time breakdown across generations")

@@ -232,12 +232,12 @@ def _rss_bytes() -> int:
 
 # Auto loss chunking: chunks of at most this many float32 logits bytes (MaxText's vocabulary
 # tiling; XLA never materialises the whole float32 logits of a large vocabulary either).
-LOSS_CHUNK_BYTES = 1 << 30
+LOSS_CHUNK_BYTES = 1 << 28
 
 
 def auto_loss_chunks(spec: ModelSpec, par: Parallelism) -> int:
     """Chunks of the output projection and loss for ``loss_chunks=None``: Llama-style models whose
-    chip's float32 logits exceed :data:`LOSS_CHUNK_BYTES` get enough chunks to stay under it
+    chip's float32 logits exceed :data:`LOSS_CHUNK_BYTES` (256 MiB) get enough chunks to stay under it
     (one chunk's logits alive at a time); others 1."""
     if spec.kind != "llama":
         return 1
@@ -389,8 +389,8 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
     ``vpu``, ``hbm``, ``overhead`` by the unit bounding each op), ``ici_s`` and ``dcn_s``
     (collectives; tp all-reduces are on the critical path, fsdp / dp collectives overlap
     with compute when ``overlap``: exposed = max(0, their time - compute)),
-    ``step_time_s`` = compute + exposed collectives + exposed host offload (the copies to host
-    overlap the forward's compute, those back the backward's; priced at
+    ``step_time_s`` = compute + exposed collectives + exposed host offload (each direction of
+    the full-duplex host link overlaps the forward and backward compute; priced at
     ``remat.HOST_LINK_BYTES_PER_S``), ``host_s`` (all offload time), ``bubble_s`` (pipeline:
     the 1F1B bubble, (pp - 1) / (M + pp - 1) of the stage's forward and backward time),
     ``tokens_per_s`` (whole job),
@@ -440,10 +440,12 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
             ici += s_ici
             dcn += s_dcn
         exposed_other = max(0.0, other - compute) if overlap else other
-        # Offload copies run on the host link beside the compute of their phase.
+        # Offload copies run on the host link (full duplex) beside the compute: each direction is
+        # exposed only beyond the forward and backward compute it pipelines with (layer i's copy
+        # runs while other layers compute).
         d2h_s, h2d_s = (host["d2h_bytes"] * repeat / R.HOST_LINK_BYTES_PER_S[g],
                         host["h2d_bytes"] * repeat / R.HOST_LINK_BYTES_PER_S[g])
-        exposed_host = (max(0.0, d2h_s - fwd_s) + max(0.0, h2d_s - bwd_s)) if overlap else d2h_s + h2d_s
+        exposed_host = max(0.0, max(d2h_s, h2d_s) - (fwd_s + bwd_s)) if overlap else d2h_s + h2d_s
         step = compute + crit + exposed_other + exposed_host
         comm = crit + other
         exposed = crit + exposed_other
