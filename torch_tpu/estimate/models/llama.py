@@ -68,7 +68,8 @@ class LlamaConfig:
         if not self.is_moe:
             return 3 * c * self.ffn_dim
         experts = self.top_k if active else self.n_experts
-        return c * self.n_experts + experts * 3 * c * self.moe_ffn_dim + self.n_shared_experts * 3 * c * self.shared_ffn_dim
+        shared = self.n_shared_experts * 3 * c * self.shared_ffn_dim
+        return c * self.n_experts + experts * 3 * c * self.moe_ffn_dim + shared
 
     def num_params(self, active: bool = False) -> int:
         """Parameters of the whole (unsharded) model: embedding, per layer attention
