@@ -316,7 +316,9 @@ class MoEMLP(nn.Module):
             y = torch.bmm(F.silu(a) * b, self.w2)
         y = self.all_to_all(y.reshape(-1, C)[: n * self.k])  # combined back to the tokens' chips
         out = torch.empty_like(y).index_copy(0, order, y).view(n, self.k, C)
-        out = (out * w.unsqueeze(-1).to(out.dtype)).sum(dim=1).view(B, T, C)
+        # Weighted sum over the k experts as one batched matmul [N, 1, k] @ [N, k, C] (autocast
+        # keeps it bf16; a sum would be upcast to float32).
+        out = torch.bmm(w.unsqueeze(1).to(out.dtype), out).view(B, T, C)
         for s in self.shared:
             out = out + s(x)
         return out
@@ -329,7 +331,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # Output in the input's dtype (bf16 activations under autocast, as MaxText's RMSNorm;
+        # autocast would run rms_norm in float32).
+        with torch.autocast(x.device.type, enabled=False):
+            return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
 class LlamaLayer(nn.Module):
@@ -381,6 +386,10 @@ class Llama(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         B, T = idx.shape
         x = self.hooks.reduce(self.embed(idx))  # vocabulary-parallel lookup: partial sums
+        if torch.is_autocast_enabled(idx.device.type):
+            # Activations in the compute dtype (MaxText's dtype=bfloat16): the residual stream,
+            # the layer inputs checkpointing keeps and the tokens MoE exchanges are bf16.
+            x = x.to(torch.get_autocast_dtype(idx.device.type))
         freqs = torch.outer(torch.arange(T, dtype=torch.float32, device="cpu"), self._inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1).to(idx.device)  # [T, D]
         cos, sin = emb.cos(), emb.sin()
