@@ -114,7 +114,10 @@ def format_table(r: dict) -> str:
     lines = [
         f"{r['model']}: {_fmt_count(r['params'])} parameters, global batch {r['global_batch']} x "
         f"{r['seq_len']} tokens; {r['chips']} chips ({r['topology']} x {par['slices']} slice(s)), "
-        f"dp {par['dp']} x fsdp {par['fsdp']} x tp {par['tp']}; per chip: batch {r['local_batch']}, "
+        f"dp {par['dp']} x fsdp {par['fsdp']} x tp {par['tp']}"
+        + (f" x pp {par['pp']}" if par.get("pp", 1) > 1 else "")
+        + (f", ep {par['ep']} (within fsdp)" if par.get("ep", 1) > 1 else "")
+        + f"; per chip: batch {r['local_batch']}, "
         f"{r['per_chip_params'] / 1e6:.1f} M parameter elements held, {r['ops_per_chip']} ops, "
         f"{r['counted_flops_per_chip'] / 1e12:.2f} TFLOP counted",
         f"HBM peak per chip: {format_bytes(r['hbm_peak_bytes'])} physical "
