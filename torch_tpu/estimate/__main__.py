@@ -33,7 +33,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="llama2-7b, llama2-13b, llama2-70b, llama3-8b, llama3-70b, llama3-405b, llama-tiny, "
                         "llama (flags / --config), gpt-tiny / gpt-small / gpt-base (the demo's GPT), "
                         "or package.module:factory")
-    p.add_argument("--config", help="Llama config as JSON text or a JSON file (Hugging Face config.json keys work)")
+    p.add_argument("--config", help="Llama config as JSON text or a JSON file (Hugging Face config.json keys work: "
+                                    "Llama, Qwen3, Qwen3-MoE; torch_tpu/estimate/configs/ has Qwen3-8B, "
+                                    "Qwen3-30B-A3B and Qwen3-235B-A22B)")
     p.add_argument("--model-kwargs", help="JSON object of keyword arguments for a factory")
     for name, help_ in (("vocab-size", "vocabulary"), ("n-layers", "decoder layers"), ("d-model", "width"),
                         ("n-heads", "attention heads"), ("n-kv-heads", "key/value heads"),
@@ -50,10 +52,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (Llama only)")
     p.add_argument("--attention", choices=("flash", "math"), default="flash",
                    help="flash: fused kernel (scores stay on chip); math: PyTorch's math path (T x T in HBM)")
-    p.add_argument("--remat", action="store_true", help="activation checkpointing of every layer")
+    p.add_argument("--remat", nargs="?", const="full", default="none", metavar="POLICY",
+                   help="MaxText remat policy of every layer (bare --remat: full): none, full, minimal, "
+                        "minimal_with_context, save_dot_with_context_except_mlp, save_dot_except_mlpwi, "
+                        "save_dot_except_mlp, save_qkv_proj, save_out_proj, qkv_proj_offloaded, minimal_offloaded, "
+                        "custom (with --save / --offload)")
+    p.add_argument("--save", default="", help="comma-separated tensor names kept in HBM (decoder_layer_input, "
+                                              "query_proj, key_proj, value_proj, context, out_proj, mlpwi_0, "
+                                              "mlpwi_1, mlpwo, ...)")
+    p.add_argument("--offload", default="", help="comma-separated tensor names offloaded to host memory")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel size (mixture of experts; divides --fsdp)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (1F1B; divides the layers)")
+    p.add_argument("--microbatches", type=int, default=0,
+                   help="pipeline microbatches per step (default: one per sequence of the chip's batch)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16 autocast or fp32")
-    p.add_argument("--loss-chunks", type=int, default=1,
-                   help="Llama: output projection and loss over N chunks of tokens, each recomputed in backward")
+    p.add_argument("--loss-chunks", type=int, default=None,
+                   help="Llama: output projection and loss over N chunks of tokens, each recomputed in backward "
+                        "(default: enough chunks for at most 256 MiB of float32 logits each)")
     p.add_argument("--no-overlap", action="store_true",
                    help="do not overlap FSDP / DP collectives with compute (they add to the step)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the step-time breakdown across generations")
@@ -64,6 +79,10 @@ def _sizes(args, chips: int):
     """dp, fsdp, tp with the defaults filled in; ValueError when they cannot be."""
     from .parallel import Parallelism
 
+    pp = args.pp
+    if pp is None or pp < 1 or chips % pp:
+        raise ValueError(f"--pp {pp} does not divide the {chips} chips")
+    chips //= pp
     tp = args.tp
     if tp is None or tp < 1 or chips % tp:
         raise ValueError(f"--tp {tp} does not divide the {chips} chips")
@@ -81,7 +100,8 @@ def _sizes(args, chips: int):
         if dp < 1 or chips % (tp * dp):
             raise ValueError(f"dp {dp} x tp {tp} does not divide the {chips} chips")
         fsdp = chips // (tp * dp)
-    return Parallelism(dp=dp, fsdp=fsdp, tp=tp, slices=args.slices)
+    return Parallelism(dp=dp, fsdp=fsdp, tp=tp, slices=args.slices, ep=args.ep, pp=pp,
+                       microbatches=args.microbatches)
 
 
 def _fmt_count(n: float) -> str:
@@ -94,13 +114,23 @@ def format_table(r: dict) -> str:
     lines = [
         f"{r['model']}: {_fmt_count(r['params'])} parameters, global batch {r['global_batch']} x "
         f"{r['seq_len']} tokens; {r['chips']} chips ({r['topology']} x {par['slices']} slice(s)), "
-        f"dp {par['dp']} x fsdp {par['fsdp']} x tp {par['tp']}; per chip: batch {r['local_batch']}, "
+        f"dp {par['dp']} x fsdp {par['fsdp']} x tp {par['tp']}"
+        + (f" x pp {par['pp']}" if par.get("pp", 1) > 1 else "")
+        + (f", ep {par['ep']} (within fsdp)" if par.get("ep", 1) > 1 else "")
+        + f"; per chip: batch {r['local_batch']}, "
         f"{r['per_chip_params'] / 1e6:.1f} M parameter elements held, {r['ops_per_chip']} ops, "
         f"{r['counted_flops_per_chip'] / 1e12:.2f} TFLOP counted",
         f"HBM peak per chip: {format_bytes(r['hbm_peak_bytes'])} physical "
         f"(reserved {format_bytes(r['hbm_reserved_peak_bytes'])})",
+        f"remat {r['remat']['policy'] if r.get('remat') else 'none'}"
+        + (f" (saved: {', '.join(r['remat']['save']) or '-'}; offloaded: {', '.join(r['remat']['offload']) or '-'}, "
+           f"{format_bytes(r['host_offload_bytes'])} to host per step)" if r.get("remat") and r["remat"]["policy"]
+           != "none" else "")
+        + f"; loss in {r.get('loss_chunks') or 1} chunk(s)"
+        + (f"; pipeline: {r['pipeline']['microbatches']} microbatches of {r['pipeline']['microbatch']}, "
+           f"{r['pipeline']['in_flight']} in flight" if r.get("pipeline") else ""),
         "per chip, estimated (cost model; ms per step):",
-        f"  {'gen':<6} {'step':>9} {'MXU':>9} {'VPU':>8} {'HBM':>8} {'ovh':>7} {'ICI':>8} {'DCN':>8} "
+        f"  {'gen':<6} {'step':>9} {'MXU':>9} {'VPU':>8} {'HBM':>8} {'ovh':>7} {'ICI':>8} {'DCN':>8} {'host':>7} "
         f"{'tok/s/chip':>11} {'MFU':>6} {'MFU(c)':>6} {'HBM/chip':>10}  fits",
     ]
     for g, e in r["by_generation"].items():
@@ -109,10 +139,12 @@ def format_table(r: dict) -> str:
         lines.append(
             f"  {g:<6} {e['step_time_s'] * 1e3:>9.1f} {b['mxu'] * 1e3:>9.1f} {b['vpu'] * 1e3:>8.1f} "
             f"{b['hbm'] * 1e3:>8.1f} {b['overhead'] * 1e3:>7.1f} {e['ici_s'] * 1e3:>8.1f} {e['dcn_s'] * 1e3:>8.1f} "
+            f"{e.get('host_s', 0.0) * 1e3:>7.1f} "
             f"{e['tokens_per_s_per_chip']:>11.0f} {100 * e['mfu']:>5.1f}% {100 * e['mfu_causal']:>5.1f}% "
             f"{format_bytes(e['hbm_bytes']):>10}  "
             f"{'yes' if e['fits'] else 'NO'}{mark}")
-    lines.append("  (MXU/VPU/HBM/ovh: compute time by the unit bounding each op; ICI/DCN: all collective time, "
+    lines.append("  (MXU/VPU/HBM/ovh: compute time by the unit bounding each op; ICI/DCN/host: all collective and "
+                 "offload time, "
                  + ("of which FSDP/DP traffic overlaps compute" if r["overlap"] else "serial")
                  + "; MFU(c): causal attention FLOPs halved, as MaxText counts them)")
     for key, c in r["collectives"].items():
@@ -132,9 +164,9 @@ def plot(r: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     gens = list(r["by_generation"])
-    parts = ("mxu", "vpu", "hbm", "overhead", "ici", "dcn")
+    parts = ("mxu", "vpu", "hbm", "overhead", "ici", "dcn", "host")
     labels = {"mxu": "MXU-bound", "vpu": "VPU-bound", "hbm": "HBM-bound", "overhead": "launch overhead",
-              "ici": "ICI (exposed)", "dcn": "DCN (exposed)"}
+              "ici": "ICI (exposed)", "dcn": "DCN (exposed)", "host": "host offload (exposed)"}
     fig, ax = plt.subplots(figsize=(7, 4))
     bottom = [0.0] * len(gens)
     for part in parts:
@@ -178,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
                           d_model=args.d_model, n_heads=args.n_heads, n_kv_heads=args.n_kv_heads,
                           ffn_dim=args.ffn_dim)
         check_plan(spec, par, slice_chips)
-        if args.loss_chunks < 1 or (args.loss_chunks > 1 and spec.kind != "llama"):
+        from .remat import resolve
+
+        names = lambda v: tuple(n.strip() for n in v.split(",") if n.strip())  # noqa: E731
+        resolve(args.remat, names(args.save), names(args.offload))
+        if args.loss_chunks is not None and (args.loss_chunks < 1 or (args.loss_chunks > 1 and spec.kind != "llama")):
             raise ValueError(f"--loss-chunks {args.loss_chunks}: a positive integer, above 1 for Llama-style "
                              "models only")
         if spec.kind == "factory":
@@ -204,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     from .core import report, run
 
     try:
-        raw = run(spec, par, attention=args.attention, remat=args.remat, dtype=args.dtype,
-                  loss_chunks=args.loss_chunks)
+        raw = run(spec, par, attention=args.attention, remat=args.remat, save=names(args.save),
+                  offload=names(args.offload), dtype=args.dtype, loss_chunks=args.loss_chunks)
     except ValueError as e:  # a factory that raises or returns no nn.Module: its message, not a traceback
         raise SystemExit(f"torch_tpu.estimate: error: {e}") from None
     r = report(spec, par, raw, topology=name, overlap=not args.no_overlap)

@@ -8,6 +8,7 @@ FLOPs, tokens.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import resource
 import time
@@ -21,6 +22,7 @@ import torch_tpu.runtime
 
 from .. import _C
 from . import models as M
+from . import remat as R
 from .flops import mfu, model_flops_per_token
 from .parallel import Collectives, Parallelism, layer_modules, price_dp_grads, shard_model, tp_hooks
 
@@ -108,27 +110,50 @@ def model_spec(name: str, *, config_json: str | None = None, batch: int | None =
 def check_plan(spec: ModelSpec, par: Parallelism, slice_chips: int) -> None:
     """Raises ValueError when the parallel sizes do not divide the slice or the model, or the
     batch does not divide the data-parallel size. Run before any work."""
-    for axis in ("dp", "fsdp", "tp", "slices"):
+    for axis in ("dp", "fsdp", "tp", "slices", "ep", "pp"):
         v = getattr(par, axis)
-        if not isinstance(v, int) or v < 1:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"--{axis} must be a positive integer, got {v!r}")
+    if not isinstance(par.microbatches, int) or par.microbatches < 0:
+        raise ValueError(f"--microbatches must be a positive integer, got {par.microbatches!r}")
     chips = slice_chips * par.slices
     if par.chips != chips:
-        raise ValueError(f"dp {par.dp} x fsdp {par.fsdp} x tp {par.tp} = {par.chips} chips, but "
+        pp = f" x pp {par.pp}" if par.pp > 1 else ""
+        raise ValueError(f"dp {par.dp} x fsdp {par.fsdp} x tp {par.tp}{pp} = {par.chips} chips, but "
                          f"{par.slices} slice(s) of {slice_chips} chips have {chips}: the product must equal it")
+    if par.ep > 1:
+        if spec.kind != "llama" or not spec.llama.is_moe:
+            raise ValueError(f"--ep {par.ep}: expert parallelism needs a mixture-of-experts model (n_experts > 0), "
+                             f"not '{spec.name}'")
+        if spec.llama.n_experts % par.ep:
+            raise ValueError(f"--ep {par.ep} does not divide the {spec.llama.n_experts} experts")
+        if par.fsdp % par.ep:
+            raise ValueError(f"--ep {par.ep} does not divide --fsdp {par.fsdp} (expert parallelism uses FSDP's chips)")
+    if par.pp > 1:
+        if spec.kind != "llama":
+            raise ValueError(f"--pp: pipeline parallelism is modelled for Llama-style models only, not '{spec.name}'")
+        if spec.llama.n_layers % par.pp:
+            raise ValueError(f"--pp {par.pp} does not divide the {spec.llama.n_layers} layers")
+    elif par.microbatches:
+        raise ValueError("--microbatches applies to pipeline parallelism (--pp above 1)")
     if par.dp % par.slices:
         raise ValueError(f"dp {par.dp} is not a multiple of slices {par.slices} (data parallelism spans the slices)")
     if spec.batch % par.data_parallel:
         raise ValueError(f"global batch {spec.batch} does not divide into dp x fsdp = {par.data_parallel} "
                          f"data-parallel replicas")
+    local = spec.batch // par.data_parallel
+    if par.pp > 1 and par.microbatches and local % par.microbatches:
+        raise ValueError(f"--microbatches {par.microbatches} does not divide the chip's batch of {local} sequences")
     if spec.kind == "llama":
         c = spec.llama
         if c.n_heads % par.tp:
             raise ValueError(f"tp {par.tp} does not divide the {c.n_heads} attention heads")
         if c.n_kv_heads % par.tp and par.tp % c.n_kv_heads:
             raise ValueError(f"tp {par.tp} and the {c.n_kv_heads} key/value heads: one must divide the other")
-        if c.ffn_dim % par.tp:
+        if c.ffn_dim % par.tp and not c.is_moe:
             raise ValueError(f"tp {par.tp} does not divide the MLP width {c.ffn_dim}")
+        if c.is_moe and c.moe_ffn_dim % par.tp:
+            raise ValueError(f"tp {par.tp} does not divide the expert MLP width {c.moe_ffn_dim}")
         if c.vocab_size % par.tp:
             raise ValueError(f"tp {par.tp} does not divide the vocabulary {c.vocab_size}")
         if c.d_model % par.tp:
@@ -154,7 +179,11 @@ def _factory(path: str) -> Callable[..., nn.Module]:
 
 def _build(spec: ModelSpec, coll: Collectives, attention: str, loss_chunks: int = 1) -> nn.Module:
     if spec.kind == "llama":
-        return M.Llama(spec.llama, tp=coll.par.tp, attention=attention, hooks=tp_hooks(coll), loss_chunks=loss_chunks)
+        cfg = spec.llama
+        if coll.par.pp > 1:  # one stage: L / pp layers (with the embedding and the head)
+            cfg = dataclasses.replace(cfg, n_layers=cfg.n_layers // coll.par.pp)
+        return M.Llama(cfg, tp=coll.par.tp, attention=attention, hooks=tp_hooks(coll), loss_chunks=loss_chunks,
+                       ep=coll.par.ep)
     if spec.kind == "gpt":
         return M.demo_gpt(spec.gpt_preset, seq_len=spec.seq_len)
     model = _factory(spec.factory)(**spec.factory_kwargs)
@@ -175,16 +204,19 @@ def _optimizer(spec: ModelSpec, model: nn.Module) -> torch.optim.Optimizer:
 
 def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                device: torch.device, amp: torch.dtype | None, after_backward: Callable[[], None] = lambda: None,
-               opt_step: Callable[[], None] | None = None) -> torch.Tensor:
+               opt_step: Callable[[], None] | None = None, after_forward: Callable[[], None] = lambda: None
+               ) -> torch.Tensor:
     """One training step, the demo's (torch_tpu/demo/loop.py calls it): inputs moved to the device,
     forward under autocast (``amp``, None for none), backward, gradient clipping at 1.0,
     optimizer step (``opt_step``, default ``opt.step``; the demo's compile mode passes a compiled
-    one), gradients set to None. ``x``, ``y``: host int64 [B, T]. Returns the loss (a device
+    one), gradients set to None; ``after_forward`` / ``after_backward`` are called between the
+    phases. ``x``, ``y``: host int64 [B, T]. Returns the loss (a device
     tensor; not read, so that the step runs in a dry run)."""
     ctx = torch.autocast(device.type, dtype=amp) if amp is not None else contextlib.nullcontext()
     with ctx:
         out = model(x.to(device), y.to(device))
     loss = out[-1] if isinstance(out, (tuple, list)) else out
+    after_forward()
     loss.backward()
     after_backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -198,23 +230,66 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "flash", remat: bool = False,
-        dtype: str = "bf16", loss_chunks: int = 1, steps: int = 2, device: int = 0) -> dict:
+# Auto loss chunking: chunks of at most this many float32 logits bytes (MaxText's vocabulary
+# tiling; XLA never materialises the whole float32 logits of a large vocabulary either).
+LOSS_CHUNK_BYTES = 1 << 28
+
+
+def auto_loss_chunks(spec: ModelSpec, par: Parallelism) -> int:
+    """Chunks of the output projection and loss for ``loss_chunks=None``: Llama-style models whose
+    chip's float32 logits exceed :data:`LOSS_CHUNK_BYTES` (256 MiB) get enough chunks to stay under it
+    (one chunk's logits alive at a time); others 1."""
+    if spec.kind != "llama":
+        return 1
+    tokens = spec.batch // par.data_parallel * spec.seq_len
+    if par.pp > 1:
+        tokens = _pipeline(spec, par)[1] * _pipeline(spec, par)[2] * spec.seq_len
+    logits = tokens * (spec.llama.vocab_size // par.tp) * 4
+    return max(1, min(tokens, -(-logits // LOSS_CHUNK_BYTES)))
+
+
+def _pipeline(spec: ModelSpec, par: Parallelism) -> tuple[int, int, int]:
+    """(microbatches M, sequences per microbatch, microbatches in flight on stage 0 = min(pp, M))."""
+    b = spec.batch // par.data_parallel
+    m = par.microbatches or b
+    return m, b // m, min(par.pp, m)
+
+
+def _bound(device: int) -> dict:
+    torch.tpu.synchronize(device)
+    st = torch_tpu.runtime.stats(device)
+    return {g: dict(v) for g, v in st["device_bound_by_generation"].items()}
+
+
+def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "flash", remat=False,
+        save=(), offload=(), dtype: str = "bf16", loss_chunks: int | None = 1, steps: int = 2,
+        device: int = 0) -> dict:
     """Dry-runs ``steps`` training steps of chip 0's share of the model on tpu:``device`` of
     this process's slice and measures the last one (the first creates optimizer state).
-    ``loss_chunks``: Llama only, see ``models.Llama``.
+    ``remat``: a MaxText remat policy name (``remat.POLICIES``; True: ``full``, False:
+    ``none``), ``save`` / ``offload``: tensor names added to it (``custom`` takes only these).
+    ``loss_chunks``: Llama only, see ``models.Llama``; None: :func:`auto_loss_chunks`.
+    With pipeline parallelism the chip runs one stage over the microbatches in flight on
+    stage 0 (min(pp, M) of them, one forward and backward), and :func:`report` scales the
+    time to M microbatches and adds the bubble.
 
     Returns the raw measurements: ``stats`` (the runtime's counters over the measured step),
+    ``phases`` (per generation, the cost model's device seconds by bounding unit after the
+    forward, after the backward and at the end), ``host`` (offloaded bytes each way),
     ``hbm_peak_bytes`` / ``hbm_reserved_peak_bytes`` (physical), ``collectives`` (tally),
     ``params`` (whole model), ``per_chip_params`` (elements this chip holds),
-    ``local_batch``, ``wall_s`` and ``rss`` before / after. Raises ValueError for a bad plan.
+    ``local_batch``, ``wall_s`` and ``rss`` before / after. Raises ValueError for a bad plan
+    or policy.
     """
     topo = _C._topology()
     check_plan(spec, par, topo["num_chips"])
+    plan = R.resolve(remat, save, offload)
     if attention not in ("flash", "math"):
         raise ValueError(f"attention must be 'flash' or 'math', got {attention!r}")
     if dtype not in ("bf16", "fp32"):
         raise ValueError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
+    if loss_chunks is None:
+        loss_chunks = auto_loss_chunks(spec, par)
     if not isinstance(loss_chunks, int) or loss_chunks < 1:
         raise ValueError(f"loss_chunks must be a positive integer, got {loss_chunks!r}")
     if loss_chunks > 1 and spec.kind != "llama":
@@ -225,6 +300,7 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
     rss0 = _rss_bytes()
     dev = torch.device("tpu", device)
     coll = Collectives(par, topo["num_chips"], device)
+    host = R.HostTraffic()
     amp = torch.bfloat16 if dtype == "bf16" else None
     with dry_run():
         try:
@@ -245,17 +321,19 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         if par.fsdp > 1:
             shard_model(model, coll, torch.bfloat16 if amp is not None else torch.float32)
         model.to_empty(device=dev)
-        if remat:
-            from torch.utils.checkpoint import checkpoint
-
-            for _, layer in layer_modules(model):
-                layer.forward = (lambda f: lambda *a, **k: checkpoint(f, *a, use_reentrant=False,
-                                                                       preserve_rng_state=False, **k))(layer.forward)
+        for _, layer in layer_modules(model):
+            R.wrap_layer(layer, plan, host)
         per_chip_params = sum(p.numel() for p in model.parameters())
         opt = _optimizer(spec, model)
         b = spec.batch // par.data_parallel
-        x = torch.zeros(b, spec.seq_len, dtype=torch.int64)
-        y = torch.zeros(b, spec.seq_len, dtype=torch.int64)
+        m, micro, inflight = _pipeline(spec, par) if par.pp > 1 else (1, b, 1)
+        rows = micro * inflight  # sequences this step's forward and backward run
+        x = torch.zeros(rows, spec.seq_len, dtype=torch.int64)
+        y = torch.zeros(rows, spec.seq_len, dtype=torch.int64)
+        phases = {}
+
+        def after_forward():
+            phases["forward"] = _bound(device)
 
         def after_backward():
             if par.fsdp == 1:
@@ -263,7 +341,12 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
             if spec.kind == "llama" and par.tp > 1:
                 # Vocabulary-parallel cross-entropy: max and sum-exp per token, all-reduced.
                 for _ in range(2):
-                    coll.price("all_reduce", "tp", b * spec.seq_len * 4)
+                    coll.price("all_reduce", "tp", rows * spec.seq_len * 4)
+            if par.pp > 1:  # activations to the next stage, gradients back: per microbatch each
+                act = micro * spec.seq_len * spec.llama.d_model * (2 if amp is not None else 4)
+                for _ in range(2 * m):
+                    coll.price("send", "pp", act)
+            phases["backward"] = _bound(device)
 
         for i in range(steps):
             if i == steps - 1:
@@ -271,11 +354,18 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
                 torch_tpu.runtime.reset_stats(device)
                 torch.tpu.reset_peak_memory_stats(device)
                 coll.tally.clear()
-            train_step(model, opt, x, y, dev, amp, after_backward)
+                host.__init__()
+            train_step(model, opt, x, y, dev, amp, after_backward, after_forward=after_forward)
         stats = torch_tpu.runtime.stats(device)
+        phases["end"] = _bound(device)
         mem = _C._memory_stats(device)
     out = {
         "stats": stats,
+        "phases": phases,
+        "host": {"d2h_bytes": host.d2h, "h2d_bytes": host.h2d, "tensors": host.count},
+        "remat": {"policy": plan.policy, "save": sorted(plan.save), "offload": sorted(plan.offload)},
+        "loss_chunks": loss_chunks,
+        "pipeline": {"microbatches": m, "microbatch": micro, "in_flight": inflight} if par.pp > 1 else None,
         "hbm_peak_bytes": int(mem["allocated_bytes_peak"]),
         "hbm_reserved_peak_bytes": int(mem["reserved_bytes_peak"]),
         "collectives": {f"{op}/{axis}": {"count": int(v[0]), "payload_bytes": v[1], "ici_bytes": v[2],
@@ -299,7 +389,11 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
     ``vpu``, ``hbm``, ``overhead`` by the unit bounding each op), ``ici_s`` and ``dcn_s``
     (collectives; tp all-reduces are on the critical path, fsdp / dp collectives overlap
     with compute when ``overlap``: exposed = max(0, their time - compute)),
-    ``step_time_s`` = compute + exposed collectives, ``tokens_per_s`` (whole job),
+    ``step_time_s`` = compute + exposed collectives + exposed host offload (each direction of
+    the full-duplex host link overlaps the forward and backward compute; priced at
+    ``remat.HOST_LINK_BYTES_PER_S``), ``host_s`` (all offload time), ``bubble_s`` (pipeline:
+    the 1F1B bubble, (pp - 1) / (M + pp - 1) of the stage's forward and backward time),
+    ``tokens_per_s`` (whole job),
     ``tokens_per_s_per_chip``, ``mfu`` (``flops.mfu``: model FLOPs of ``flops.model_flops_per_token``
     over chips · step time · peak bf16 FLOP/s), ``mfu_causal`` the same with causal attention
     FLOPs halved (MaxText's convention), ``hbm_bytes`` and ``fits`` (peak physical HBM <= the generation's HBM).
@@ -313,35 +407,60 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
     flops_token_causal = model_flops_per_token(spec, raw["params"], causal=True)
     chosen = _C._parse_topology(topology)[1]
     gens = [chosen] + [g for g in GENERATIONS if g != chosen]
+    pipe = raw.get("pipeline")
+    if pipe:  # in-flight microbatches measured -> M microbatches, and the 1F1B bubble
+        repeat = pipe["microbatches"] / pipe["in_flight"]
+        stretch = (pipe["microbatches"] + par.pp - 1) / pipe["in_flight"]
+    else:
+        repeat = stretch = 1.0
+    host = raw.get("host") or {"d2h_bytes": 0.0, "h2d_bytes": 0.0}
+    phases = raw.get("phases")
     by_gen = {}
     for g in gens:
         bound = stats["device_bound_by_generation"][g]
-        compute = bound["total"]
+        if phases:
+            f, b, e = phases["forward"][g], phases["backward"][g], phases["end"][g]
+            parts = {k: b[k] * stretch + (e[k] - b[k]) for k in ("mxu", "vpu", "hbm", "overhead")}
+            fwd_s, bwd_s = f["total"] * stretch, (b["total"] - f["total"]) * stretch
+        else:
+            parts = {k: bound[k] for k in ("mxu", "vpu", "hbm", "overhead")}
+            fwd_s, bwd_s = bound["total"] / 3, bound["total"] * 2 / 3
+        compute = sum(parts.values())
         crit = other = ici = dcn = 0.0
         for key, c in raw["collectives"].items():
-            axis = key.split("/")[1]
-            s_ici = _C._collective_seconds(g, c["ici_bytes"], c["links"], c["ici_steps"], 0.0)
+            op, axis = key.split("/")
+            links = 1 if op == "send" else c["links"]
+            s_ici = _C._collective_seconds(g, c["ici_bytes"], links, c["ici_steps"], 0.0)
             s_dcn = _C._collective_seconds(g, 0.0, 1, 0, c["dcn_bytes"])
-            ici += s_ici
-            dcn += s_dcn
-            if axis == "tp":
+            if axis in ("tp", "ep"):  # per microbatch, on the critical path
+                s_ici, s_dcn = s_ici * stretch, s_dcn * stretch
                 crit += s_ici + s_dcn
             else:
                 other += s_ici + s_dcn
+            ici += s_ici
+            dcn += s_dcn
         exposed_other = max(0.0, other - compute) if overlap else other
-        step = compute + crit + exposed_other
+        # Offload copies run on the host link (full duplex) beside the compute: each direction is
+        # exposed only beyond the forward and backward compute it pipelines with (layer i's copy
+        # runs while other layers compute).
+        d2h_s, h2d_s = (host["d2h_bytes"] * repeat / R.HOST_LINK_BYTES_PER_S[g],
+                        host["h2d_bytes"] * repeat / R.HOST_LINK_BYTES_PER_S[g])
+        exposed_host = max(0.0, max(d2h_s, h2d_s) - (fwd_s + bwd_s)) if overlap else d2h_s + h2d_s
+        step = compute + crit + exposed_other + exposed_host
         comm = crit + other
         exposed = crit + exposed_other
         share = exposed / comm if comm > 0 else 0.0
         peak = specs[g]["peak_bf16_flops"]
         by_gen[g] = {
             "step_time_s": step,
-            "step_time_serial_s": compute + comm,
+            "step_time_serial_s": compute + comm + d2h_s + h2d_s,
             "compute_s": compute,
-            "breakdown_s": {"mxu": bound["mxu"], "vpu": bound["vpu"], "hbm": bound["hbm"],
-                            "overhead": bound["overhead"], "ici": ici * share, "dcn": dcn * share},
+            "breakdown_s": {**parts, "ici": ici * share, "dcn": dcn * share, "host": exposed_host},
             "ici_s": ici,
             "dcn_s": dcn,
+            "host_s": d2h_s + h2d_s,
+            "bubble_s": (stretch - repeat) * sum(b[k] for k in ("mxu", "vpu", "hbm", "overhead")) if phases and pipe
+            else 0.0,
             "tokens_per_s": tokens / step if step else None,
             "tokens_per_s_per_chip": tokens / step / chips if step else None,
             "mfu": mfu(flops_token * tokens, step, peak, chips),
@@ -369,6 +488,10 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
         "hbm_peak_bytes": raw["hbm_peak_bytes"],
         "hbm_reserved_peak_bytes": raw["hbm_reserved_peak_bytes"],
         "collectives": raw["collectives"],
+        "remat": raw.get("remat"),
+        "loss_chunks": raw.get("loss_chunks"),
+        "pipeline": pipe,
+        "host_offload_bytes": host["d2h_bytes"] * repeat,
         "overlap": overlap,
         "by_generation": by_gen,
         "dry_run_wall_s": raw["wall_s"],
@@ -377,12 +500,14 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
 
 
 def estimate(model: str = "gpt-small", *, parallel: Parallelism | None = None, attention: str = "flash",
-             remat: bool = False, dtype: str = "bf16", loss_chunks: int = 1, overlap: bool = True,
-             **model_args) -> dict:
+             remat: bool | str = False, save=(), offload=(), dtype: str = "bf16", loss_chunks: int | None = None,
+             overlap: bool = True, **model_args) -> dict:
     """Dry-run estimate of one training step of ``model`` (see :func:`model_spec`; keyword
     arguments go there: batch, seq_len, config_json, n_layers, ...) on this process's slice
     (``TORCH_TPU_TOPOLOGY``), chip 0's share under ``parallel`` (default: FSDP over every chip
-    of the slice). Returns :func:`report`'s dict.
+    of the slice). ``remat`` / ``save`` / ``offload``: a MaxText remat policy and tensor names
+    (:func:`run`); ``loss_chunks`` None: chunked by :func:`auto_loss_chunks`. Returns
+    :func:`report`'s dict.
 
     HBM capacity is the runtime's (``TORCH_TPU_HBM_BYTES``); a share that does not fit it
     raises torch.OutOfMemoryError — ``python -m torch_tpu.estimate`` raises the capacity so
@@ -393,5 +518,7 @@ def estimate(model: str = "gpt-small", *, parallel: Parallelism | None = None, a
     if parallel is None:
         parallel = Parallelism(fsdp=topo["num_chips"])
     check_plan(spec, parallel, topo["num_chips"])
-    raw = run(spec, parallel, attention=attention, remat=remat, dtype=dtype, loss_chunks=loss_chunks)
+    R.resolve(remat, save, offload)
+    raw = run(spec, parallel, attention=attention, remat=remat, save=save, offload=offload, dtype=dtype,
+              loss_chunks=loss_chunks)
     return report(spec, parallel, raw, topology=topo["name"], overlap=overlap)

@@ -18,15 +18,19 @@ def model_flops_per_token(spec, params: int, causal: bool = False) -> float:
     """Training FLOPs per token of ``spec`` (a ``core.ModelSpec``) used for MFU.
 
     Llama: 6·(N - V·C) for the matmul parameters (the input embedding is a lookup; the
-    untied output projection counts) plus attention's 12·L·C·T (PaLM, arXiv 2204.02311,
-    App. B), or 6·L·C·T with ``causal`` (the masked half skipped: MaxText's accounting since
-    its PR #1988). GPT (tied embedding, counted once as the output projection): 6·N plus the
+    untied output projection counts; mixture of experts: the parameters a token uses, top_k
+    experts of n_experts) plus attention's 12·L·(H·D)·T (PaLM, arXiv 2204.02311, App. B; H·D = C
+    for Llama), or 6·L·(H·D)·T with ``causal`` (the masked half skipped: MaxText's accounting
+    since its PR #1988). GPT (tied embedding, counted once as the output projection): 6·N plus the
     same attention term. Other models: 6·N (the demo's rule).
     """
     attn = 6.0 if causal else 12.0
     if spec.kind == "llama":
         c = spec.llama
-        return dense_flops_per_token(params - c.vocab_size * c.d_model) + attn * c.n_layers * c.d_model * c.seq_len
+        if c.is_moe:
+            params = c.num_params(active=True)
+        width = c.n_heads * c.head_dim
+        return dense_flops_per_token(params - c.vocab_size * c.d_model) + attn * c.n_layers * width * c.seq_len
     if spec.kind == "gpt":
         p = GPT_PRESETS[spec.gpt_preset]
         return dense_flops_per_token(params) + attn * p["n_layer"] * p["d_model"] * spec.seq_len

@@ -14,6 +14,15 @@ chip holds and computes, and adds the collectives the chip would take part in:
   1/fsdp too. The root unit stays gathered from its forward to its backward.
 - **TP** (``tp``): Megatron-style, through the model (``models.Llama``): heads, MLP width and
   vocabulary / tp per chip, all-reduces at Megatron's f / g operators.
+- **EP** (``ep``, mixture-of-experts models): the experts are split over ep chips of the
+  FSDP group (expert parallelism borrows from the data-parallel chips, as TorchTitan's and
+  MaxText's meshes do): the chip holds E/ep experts (FSDP shards them further) and each MoE
+  layer exchanges its tokens with an all-to-all over the ep group (dispatch and combine, each
+  again in the backward), on the critical path.
+- **PP** (``pp``): the layers are split into pp stages of L/pp layers (1F1B schedule); the
+  chip runs one stage (the slowest: with the embedding and the output head) over M
+  microbatches, with the pipeline bubble (pp - 1) / (M + pp - 1) of the step, and sends each
+  microbatch's activations to the next stage (and gradients back) over one ICI link.
 - **Slices** (``slices``): several slices joined by the data-centre network; the dp axis spans
   them (dp must be a multiple of slices) and its all-reduce is hierarchical, as tpu_dist's:
   reduce-scatter inside the slice, all-reduce of the shard across slices (DCN), all-gather.
@@ -39,16 +48,21 @@ from .. import _C
 
 @dataclass(frozen=True)
 class Parallelism:
-    """Sizes of the parallel axes; ``dp * fsdp * tp`` must equal the chips of all slices."""
+    """Sizes of the parallel axes; ``dp * fsdp * tp * pp`` must equal the chips of all slices;
+    ``ep`` divides ``fsdp`` (its chips are FSDP's); ``microbatches`` (pipeline only) divides the
+    chip's batch."""
 
     dp: int = 1
     fsdp: int = 1
     tp: int = 1
     slices: int = 1
+    ep: int = 1
+    pp: int = 1
+    microbatches: int = 0  # 0: as many as the chip's sequences (pp > 1)
 
     @property
     def chips(self) -> int:
-        return self.dp * self.fsdp * self.tp
+        return self.dp * self.fsdp * self.tp * self.pp
 
     @property
     def data_parallel(self) -> int:
@@ -61,15 +75,16 @@ def _group_chips(par: Parallelism, slice_chips: int) -> dict[str, list[int]]:
     (dp / slices, fsdp, tp) laid out by ``topology_aware_mesh`` (tp innermost)."""
     from ..distributed.mesh import rank_chips, topology_aware_mesh
 
-    shape = (par.dp // par.slices, par.fsdp, par.tp)
+    shape = (par.dp // par.slices * par.pp, par.fsdp, par.tp)
     try:
         mesh = topology_aware_mesh(shape, world_size=slice_chips)
     except ValueError:
         mesh = torch.arange(slice_chips).view(shape)  # does not factor onto the torus: rank order
     chips = rank_chips(slice_chips)
-    return {"tp": [chips[int(r)] for r in mesh[0, 0, :]],
-            "fsdp": [chips[int(r)] for r in mesh[0, :, 0]],
-            "dp": [chips[int(r)] for r in mesh[:, 0, 0]]}
+    fsdp = [chips[int(r)] for r in mesh[0, :, 0]]
+    outer = [chips[int(r)] for r in mesh[:, 0, 0]]  # stage-major: pp stages of dp replicas
+    return {"tp": [chips[int(r)] for r in mesh[0, 0, :]], "fsdp": fsdp, "ep": fsdp[:par.ep],
+            "dp": outer[::par.pp], "pp": outer[:par.pp]}
 
 
 class Collectives:
@@ -87,14 +102,27 @@ class Collectives:
         self.tally: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0])
 
     def size(self, axis: str) -> int:
-        return {"tp": self.par.tp, "fsdp": self.par.fsdp, "dp": self.par.dp}[axis]
+        return {"tp": self.par.tp, "fsdp": self.par.fsdp, "dp": self.par.dp, "ep": self.par.ep,
+                "pp": self.par.pp}[axis]
 
     def price(self, op: str, axis: str, payload_bytes: float) -> None:
-        """One collective ``op`` (all_reduce, all_gather, reduce_scatter) over chip 0's
-        ``axis`` group; ``payload_bytes`` as tpu_dist counts it (the buffer the op is called
-        with; for all_gather / reduce_scatter the whole n-rank buffer)."""
+        """One collective ``op`` (all_reduce, all_gather, reduce_scatter, all_to_all, send) over
+        chip 0's ``axis`` group; ``payload_bytes`` as tpu_dist counts it (the buffer the op is
+        called with; for all_gather / reduce_scatter the whole n-rank buffer).
+
+        ``all_to_all``: the chip keeps 1/n of its buffer and sends the rest, (n-1)/n of the
+        payload over ICI in n-1 exchange steps, over the group's links (MoE's ragged
+        all-to-all with balanced routing). ``send``: the buffer to the next pipeline stage over
+        one link, one step."""
         n = self.size(axis)
         if n <= 1:
+            return
+        if op in ("all_to_all", "send"):
+            ici = (n - 1) / n * payload_bytes if op == "all_to_all" else float(payload_bytes)
+            steps = n - 1 if op == "all_to_all" else 1
+            links = self.links[axis] if op == "all_to_all" else 1
+            _C._record_collective(self.device, float(payload_bytes), ici, links, steps, 0.0)
+            self._tally(op, axis, payload_bytes, ici, 0.0, steps)
             return
         hosts = self.par.slices if axis == "dp" else 1
         local = n // hosts
@@ -115,6 +143,9 @@ class Collectives:
                     steps += c["ici_steps"]
             dcn = _C._ring_cost("all_reduce", hosts, float(payload_bytes) / local)["ici_bytes"]
         _C._record_collective(self.device, float(payload_bytes), ici, self.links[axis], steps, dcn)
+        self._tally(op, axis, payload_bytes, ici, dcn, steps)
+
+    def _tally(self, op, axis, payload_bytes, ici, dcn, steps) -> None:
         t = self.tally[(op, axis)]
         t[0] += 1
         t[1] += payload_bytes
@@ -158,9 +189,26 @@ def tp_hooks(coll: Collectives):
     """``models.TPHooks`` pricing Megatron's all-reduces on ``coll`` (identity for tp = 1)."""
     from .models import TPHooks
 
+    a2a = (lambda x: _AllToAll.apply(x, coll)) if coll.par.ep > 1 else (lambda x: x)
     if coll.par.tp == 1:
-        return TPHooks()
-    return TPHooks(copy=lambda x: _TPCopy.apply(x, coll), reduce=lambda x: _TPReduce.apply(x, coll))
+        return TPHooks(all_to_all=a2a)
+    return TPHooks(copy=lambda x: _TPCopy.apply(x, coll), reduce=lambda x: _TPReduce.apply(x, coll),
+                   all_to_all=a2a)
+
+
+class _AllToAll(torch.autograd.Function):
+    """MoE's token exchange over ep: an all-to-all forward, another of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, coll):
+        ctx.coll = coll
+        coll.price("all_to_all", "ep", _nbytes(x))
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.coll.price("all_to_all", "ep", _nbytes(g))
+        return g, None
 
 
 class _Gather(torch.autograd.Function):

@@ -288,7 +288,8 @@ def test_cli_small_llama_json_table_and_plot(tmp_path):
     lines = proc.stdout.strip().splitlines()
     r = json.loads(lines[-1])
     assert "MFU" in proc.stdout and "fits" in proc.stdout
-    assert r["chips"] == 8 and r["parallelism"] == {"dp": 1, "fsdp": 4, "tp": 2, "slices": 1}
+    assert r["chips"] == 8 and r["parallelism"] == {"dp": 1, "fsdp": 4, "tp": 2, "slices": 1, "ep": 1, "pp": 1,
+                                                    "microbatches": 0}
     assert r["local_batch"] == 4
     assert set(r["by_generation"]) == set(GENS) and r["generation"] == "v5p"
     specs = {g["generation"]: g for g in torch_tpu.runtime.generations()}

@@ -1,0 +1,268 @@
+"""torch_tpu.estimate: MaxText remat policies and host offload, mixture of experts with expert
+parallelism, pipeline parallelism, Qwen3 configs, and the published rows (issue 21).
+
+Expected values come from the configurations and the formulas (matmul FLOPs 2·M·K·N, tensor
+bytes, the 1F1B bubble), not from the estimator. In-process runs use tpu:1 of this process's
+slice (see conftest.py); the published rows run through the CLI in subprocesses.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_tpu.estimate import LLAMA_PRESETS, Parallelism, llama_config, model_spec, report, run
+from torch_tpu.estimate import remat as R
+from torch_tpu.estimate.__main__ import main as cli_main
+from torch_tpu.estimate.published import PUBLISHED
+
+DEV = 1
+CONFIGS = Path(__file__).resolve().parents[3] / "torch_tpu" / "estimate" / "configs"
+
+
+def _chips():
+    return torch.tpu.topology()["num_chips"]
+
+
+# A small Llama whose activations dominate its HBM (4096 tokens per chip, 0.7 M parameters).
+SMALL = dict(vocab_size=256, n_layers=4, d_model=128, n_heads=4, n_kv_heads=2, ffn_dim=256, seq_len=512)
+ROWS = 8  # sequences per chip
+
+
+def _run(policy, save=(), offload=(), **kw):
+    n = _chips()
+    return run(model_spec("llama", batch=ROWS * n, **SMALL), Parallelism(dp=n), remat=policy, save=save,
+               offload=offload, device=DEV, **kw)
+
+
+def test_policies_are_maxtexts():
+    """The names and what they keep, as MaxText's Decoder.get_remat_policy defines them."""
+    assert set(R.POLICIES) >= {"full", "minimal", "minimal_with_context", "save_dot_with_context_except_mlp",
+                               "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj",
+                               "qkv_proj_offloaded", "minimal_offloaded", "custom", "none"}
+    qkv = {"query_proj", "key_proj", "value_proj"}
+    assert R.resolve("save_qkv_proj").save == qkv
+    assert R.resolve("save_dot_except_mlp").save == qkv | {"out_proj"}
+    assert R.resolve("save_dot_except_mlpwi").save == qkv | {"out_proj", "mlpwo"}
+    assert R.resolve("minimal").save == qkv | {"out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"}
+    assert R.resolve("minimal_with_context").save == R.resolve("minimal").save | {"context"}
+    assert R.resolve("qkv_proj_offloaded").offload == qkv and not R.resolve("qkv_proj_offloaded").save
+    assert R.resolve("minimal_offloaded").offload == R.resolve("minimal").save
+    assert R.resolve("full").checkpoint and not R.resolve("full").save and not R.resolve("none").checkpoint
+    p = R.resolve("custom", save=("mlpwi",), offload=("decoder_layer_input", "qkv_proj"))
+    assert p.save == {"mlpwi_0", "mlpwi_1"} and p.offload == qkv | {"decoder_layer_input"}
+    assert R.resolve(True).policy == "full" and R.resolve(False).policy == "none"
+
+
+@pytest.mark.parametrize("args,message", [
+    (("bogus",), "unknown remat policy 'bogus'; valid: none, full, minimal"),
+    (("custom", ("q_proj",)), "unknown tensor name 'q_proj'; valid: decoder_layer_input"),
+    (("custom", ("query_proj",), ("query_proj",)), "query_proj cannot be both saved and offloaded"),
+    (("none", (), ("query_proj",)), "need a checkpointing policy"),
+])
+def test_bad_policies(args, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        R.resolve(*args)
+
+
+def test_remat_recompute_flops_saved_tensors_and_offload():
+    """full recomputes each layer's forward; save_qkv_proj skips exactly the q/k/v projections'
+    FLOPs in that recompute; qkv_proj_offloaded recomputes the same but moves those tensors
+    (bf16, [tokens, (H + 2K)·D]) to the host and back, and holds less HBM than saving them."""
+    c = SMALL
+    tokens = ROWS * c["seq_len"]
+    d = c["d_model"] // c["n_heads"]
+    qkv_cols = (c["n_heads"] + 2 * c["n_kv_heads"]) * d
+    qkv_flops = c["n_layers"] * 2 * tokens * c["d_model"] * qkv_cols
+    none, full = _run("none"), _run("full")
+    save_qkv, off_qkv = _run("save_qkv_proj"), _run("qkv_proj_offloaded")
+    # Recompute of the layer forwards: matmuls 2·tokens·(layer matmul parameters) + attention 4·T·T·C,
+    # except the last matmul (w2), whose output the backward does not need (recompute stops early).
+    layer_mm = c["d_model"] * qkv_cols + c["n_heads"] * d * c["d_model"] + 2 * c["d_model"] * c["ffn_dim"]
+    fwd_mm = c["n_layers"] * (2 * tokens * layer_mm + 4 * ROWS * c["seq_len"] ** 2 * c["d_model"])
+    extra = full["stats"]["flops"] - none["stats"]["flops"]
+    assert fwd_mm < extra < 1.05 * fwd_mm
+    assert full["stats"]["flops"] - save_qkv["stats"]["flops"] == qkv_flops
+    assert off_qkv["stats"]["flops"] == save_qkv["stats"]["flops"]
+    assert full["host"]["d2h_bytes"] == 0 and save_qkv["host"]["d2h_bytes"] == 0
+    moved = c["n_layers"] * tokens * qkv_cols * 2
+    assert off_qkv["host"]["d2h_bytes"] == moved and off_qkv["host"]["h2d_bytes"] == moved
+    assert off_qkv["hbm_peak_bytes"] < save_qkv["hbm_peak_bytes"]
+    assert full["hbm_peak_bytes"] < off_qkv["hbm_peak_bytes"] and 2 * full["hbm_peak_bytes"] < none["hbm_peak_bytes"]
+    # The layer input offloaded too: its bf16 [tokens, C] per layer goes to the host as well.
+    both = _run("qkv_proj_offloaded", offload=("decoder_layer_input",))
+    assert both["host"]["d2h_bytes"] == moved + c["n_layers"] * tokens * c["d_model"] * 2
+    # Offload time on the host link, exposed only beyond the compute it overlaps.
+    r = report(model_spec("llama", batch=ROWS * _chips(), **SMALL), Parallelism(dp=_chips()), off_qkv,
+               topology=torch.tpu.topology()["name"], overlap=False)
+    e = r["by_generation"]["v6e"]
+    assert e["host_s"] == pytest.approx(2 * moved / R.HOST_LINK_BYTES_PER_S["v6e"])
+    assert sum(e["breakdown_s"].values()) == pytest.approx(e["step_time_s"])
+
+
+def test_auto_loss_chunks_default():
+    """Large vocabularies: float32 logits are chunked to at most 256 MiB per chunk by default."""
+    from torch_tpu.estimate.core import LOSS_CHUNK_BYTES, auto_loss_chunks
+
+    spec = model_spec("llama3-8b", batch=1024)
+    n = auto_loss_chunks(spec, Parallelism(fsdp=256))
+    logits = 4 * 8192 * 128256 * 4
+    assert n == -(-logits // LOSS_CHUNK_BYTES) and logits / n <= 256 * 2**20
+    assert auto_loss_chunks(model_spec("llama-tiny"), Parallelism()) == 1
+
+
+def test_qwen3_configs():
+    """Hugging Face config.json of Qwen3: head_dim, q/k norms, experts. Parameter counts match
+    the model cards (8.2 B; 30.5 B total / 3.3 B active; 235 B / 22 B)."""
+    dense = llama_config(None, str(CONFIGS / "qwen3-8b.json"))
+    assert (dense.head_dim, dense.qk_norm, dense.n_layers, dense.is_moe) == (128, True, 36, False)
+    assert round(dense.num_params() / 1e8) == 82
+    small = llama_config(None, str(CONFIGS / "qwen3-30b-a3b.json"))
+    assert (small.n_experts, small.top_k, small.moe_ffn_dim, small.head_dim) == (128, 8, 768, 128)
+    assert round(small.num_params() / 1e8) == 305 and round(small.num_params(active=True) / 1e8) == 34
+    big = llama_config(None, str(CONFIGS / "qwen3-235b-a22b.json"))
+    assert round(big.num_params() / 1e9) == 235 and round(big.num_params(active=True) / 1e9) == 22
+
+
+MOE = dict(vocab_size=512, n_layers=2, d_model=128, n_heads=4, n_kv_heads=2, ffn_dim=256, seq_len=64,
+           n_experts=8, top_k=2, moe_ffn_dim=128)
+
+
+def test_moe_expert_parallel_all_to_all():
+    """E/ep experts per chip; each MoE layer's dispatch and combine all-to-alls (and both again
+    in the backward) carry tokens·k·C elements, (ep-1)/ep of them over ICI; the experts do the
+    matmul work of a dense MLP of width k·F_moe, plus the router."""
+    n = _chips()
+    ep = 4 if n % 4 == 0 else 2
+    spec = model_spec("llama", batch=2 * n, **MOE)
+    raw = run(spec, Parallelism(fsdp=n, ep=ep), device=DEV)
+    a2a = raw["collectives"]["all_to_all/ep"]
+    tokens, k, c = 2 * MOE["seq_len"], MOE["top_k"], MOE["d_model"]
+    assert a2a["count"] == 4 * MOE["n_layers"]
+    # dispatch and combine, forward and backward: bf16 tokens (activations in the compute dtype)
+    assert a2a["payload_bytes"] == 4 * MOE["n_layers"] * tokens * k * c * 2
+    assert a2a["ici_bytes"] == pytest.approx((ep - 1) / ep * a2a["payload_bytes"])
+    assert raw["params"] == spec.llama.num_params()
+    one = run(spec, Parallelism(fsdp=n, ep=1), device=DEV)
+    assert "all_to_all/ep" not in one["collectives"]
+    # Same tokens through the experts either way: the matmul FLOPs do not change with ep (the
+    # optimizer's elementwise work does: the chip updates E/ep experts' shards, not E's).
+    assert raw["stats"]["flops"] == pytest.approx(one["stats"]["flops"], rel=1e-2)
+    assert raw["per_chip_params"] < one["per_chip_params"]
+    dense = run(model_spec("llama", batch=2 * n, **{**MOE, "n_experts": 0, "top_k": 0, "moe_ffn_dim": 0,
+                                                     "ffn_dim": k * MOE["moe_ffn_dim"]}),
+                Parallelism(fsdp=n), device=DEV)
+    # A dense MLP of width k·F_moe does the same matmul work: the difference is the router.
+    router = 3 * 2 * tokens * c * MOE["n_experts"] * MOE["n_layers"]
+    assert raw["stats"]["flops"] - dense["stats"]["flops"] > router
+
+
+def test_pipeline_bubble():
+    """1F1B over pp stages with M microbatches: the chip runs L/pp layers, the stage's forward
+    and backward time is stretched by (M + pp - 1) / in_flight, the bubble is (pp - 1) / (M + pp - 1)
+    of it; activations go to the next stage (and gradients back) once per microbatch."""
+    n = _chips()
+    pp = 2
+    spec = model_spec("llama", batch=8 * n // pp, **{**SMALL, "n_layers": 4})
+    par = Parallelism(fsdp=n // pp, pp=pp, microbatches=4)
+    raw = run(spec, par, device=DEV)
+    assert raw["pipeline"] == {"microbatches": 4, "microbatch": 2, "in_flight": 2}
+    assert raw["params"] == spec.llama.num_params()
+    send = raw["collectives"]["send/pp"]
+    assert send["count"] == 2 * 4 and send["payload_bytes"] == 8 * 2 * SMALL["seq_len"] * SMALL["d_model"] * 2
+    r = report(spec, par, raw, topology=torch.tpu.topology()["name"])
+    fb = raw["phases"]["backward"]["v6e"]["total"]
+    e = r["by_generation"]["v6e"]
+    m, stretch = 4, (4 + pp - 1) / 2
+    assert e["bubble_s"] == pytest.approx(fb * stretch * (pp - 1) / (m + pp - 1))
+    assert e["compute_s"] == pytest.approx(fb * stretch + raw["phases"]["end"]["v6e"]["total"] - fb)
+
+
+def _no_exec(*a):
+    raise AssertionError("validation passed: the CLI tried to start the run")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "llama", "--config", str(CONFIGS / "qwen3-30b-a3b.json"), "--topology", "v6e-8", "--ep", "3",
+      "--fsdp", "8"], "--ep 3 does not divide the 128 experts"),
+    (["--model", "llama", "--config", str(CONFIGS / "qwen3-30b-a3b.json"), "--topology", "v6e-8", "--ep", "16"],
+     "--ep 16 does not divide --fsdp 8"),
+    (["--model", "llama3-8b", "--topology", "v6e-8", "--ep", "2"], "needs a mixture-of-experts model"),
+    (["--model", "llama3-8b", "--topology", "v6e-8", "--pp", "3"], "--pp 3 does not divide the 8 chips"),
+    (["--model", "llama2-13b", "--topology", "v6e-16", "--pp", "16", "--fsdp", "1"],
+     "--pp 16 does not divide the 40 layers"),
+    (["--model", "llama3-8b", "--topology", "v6e-8", "--microbatches", "4"], "applies to pipeline parallelism"),
+    (["--model", "llama3-8b", "--topology", "v6e-8", "--pp", "2", "--batch", "8", "--microbatches", "3"],
+     "--microbatches 3 does not divide the chip's batch of 2"),
+    (["--model", "llama3-8b", "--topology", "v6e-8", "--remat", "sometimes"],
+     "unknown remat policy 'sometimes'; valid: none, full, minimal"),
+    (["--model", "llama3-8b", "--topology", "v6e-8", "--remat", "custom", "--offload", "qproj"],
+     "unknown tensor name 'qproj'"),
+])
+def test_bad_plans_error_before_work(args, message, monkeypatch):
+    monkeypatch.setattr(os, "execve", _no_exec)
+    t0 = time.perf_counter()
+    with pytest.raises(SystemExit) as e:
+        cli_main(args)
+    assert message in str(e.value), str(e.value)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_cli_hsdp_across_slices():
+    """HSDP: FSDP inside each of 2 slices, the gradient shards all-reduced across them over DCN
+    (2(H-1)/H of the 1/L local shard, H = 2 slices; L = 1 chip of dp per slice here)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_"))}
+    p = subprocess.run([sys.executable, "-m", "torch_tpu.estimate", "--model", "llama-tiny", "--topology", "v6e-4",
+                        "--slices", "2", "--dp", "2", "--fsdp", "4", "--batch", "8", "--remat", "full"],
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    ar = r["collectives"]["all_reduce/dp"]
+    cfg = LLAMA_PRESETS["llama-tiny"]
+    assert ar["count"] == cfg.n_layers + 1
+    assert ar["dcn_bytes"] == pytest.approx(ar["payload_bytes"])  # 2·(2-1)/2 of the shard, local size 1
+    assert ar["ici_bytes"] == 0
+    assert r["by_generation"]["v6e"]["dcn_s"] > 0
+
+
+# --- the published rows -------------------------------------------------------------------
+
+
+def _published(row):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_TPU_", "TPU_"))}
+    p = subprocess.run([sys.executable, "-m", "torch_tpu.estimate", *row["args"]], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# Rows outside 15 % or not fitting today (docs/estimate.md says why); strict: fixing one makes
+# its test fail until it leaves this set. Only "Llama 2 70B, v6e-256" passes both today.
+KNOWN_OFF = {r["name"] for r in PUBLISHED} - {"Llama 2 70B, v6e-256"}
+# Each row is a dry run of a 8 B - 405 B model (15-45 s); by default two run, all of them with
+# TORCH_TPU_ESTIMATE_PUBLISHED=1 (bench/estimate_published.py prints the same table).
+DEFAULT_ROWS = {"Llama 2 70B, v6e-256", "Llama 3.1 8B, v6e-8"}
+
+
+def _marks(row):
+    marks = []
+    if row["name"] in KNOWN_OFF:
+        marks.append(pytest.mark.xfail(strict=True, reason="outside 15 % or not fitting today (docs/estimate.md)"))
+    if row["name"] not in DEFAULT_ROWS and os.environ.get("TORCH_TPU_ESTIMATE_PUBLISHED") != "1":
+        marks.append(pytest.mark.skip(reason="set TORCH_TPU_ESTIMATE_PUBLISHED=1 to run every published row"))
+    return marks
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=r["name"], marks=_marks(r)) for r in PUBLISHED])
+def test_published_rows(row):
+    """Step time within 15 % of the published one, and the run fits, on the published slice
+    with the recipe's remat policy and offloads."""
+    r = _published(row)
+    e = r["by_generation"][row["generation"]]
+    assert e["fits"], f"HBM peak {r['hbm_peak_bytes'] / 2**30:.1f} GiB"
+    assert e["step_time_s"] == pytest.approx(row["step_s"], rel=0.15)
