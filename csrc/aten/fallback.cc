@@ -458,6 +458,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
   // CompositeExplicitAutograd, but it rejects devices other than CPU/CUDA/XPU.
   m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  // Structured: their CompositeExplicitAutogradNonFunctional kernel calls the out= overload with a
+  // 0-d out, which the CPU kernel resizes through the unreduced shape (and warns). Functional here.
+  m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  m.impl("smooth_l1_loss", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
 }
 }  // namespace torch_tpu
 
