@@ -95,3 +95,19 @@ def test_import_sets_no_environment_variable(run_python):
         env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
     )
     assert result.json() == {}
+
+
+def test_from_pretrained_device_map_tpu_loads_onto_the_chip(tmp_path):
+    cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(cfg).save_pretrained(tmp_path)
+    ref = GPT2LMHeadModel.from_pretrained(tmp_path)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    for device_map in ("tpu", {"": "tpu"}):
+        model = GPT2LMHeadModel.from_pretrained(tmp_path, device_map=device_map)
+        assert {p.device.type for p in model.parameters()} == {"tpu"}
+        with torch.no_grad():
+            torch.testing.assert_close(model(ids.to("tpu")).logits.cpu(), ref(ids).logits, atol=1e-5, rtol=1e-4)
+    # docs/ecosystem.md: "auto" plans with accelerate's device list, which has no tpu: it loads on CPU.
+    auto = GPT2LMHeadModel.from_pretrained(tmp_path, device_map="auto")
+    assert {p.device.type for p in auto.parameters()} == {"cpu"}
