@@ -27,3 +27,8 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
 # installs them in the same step, under the constraints file that pins torch.
 extras=${TORCH_TPU_EXTRAS:-}
 $PY -m pip install -q --no-build-isolation -c constraints.txt -e ".${extras:+[$extras]}"
+# The torchrec extra: torchrec itself without its "fbgemm-gpu" (CUDA) dependency; the extra
+# brought fbgemm-gpu-cpu and the rest (pyproject.toml).
+if [[ ",$extras," == *",torchrec,"* ]]; then
+  $PY -m pip install -q --no-deps -c constraints.txt torchrec==1.9.0
+fi

@@ -458,6 +458,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
   // CompositeExplicitAutograd, but it rejects devices other than CPU/CUDA/XPU.
   m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  // CompositeExplicitAutograd's math_group_norm calls .view and rejects the channels-last
+  // activations that diffusers' attention blocks hand to GroupNorm; CPU's kernel takes any strides.
+  m.impl("native_group_norm", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  // Structured: their CompositeExplicitAutogradNonFunctional kernel calls the out= overload with a
+  // 0-d out, which the CPU kernel resizes through the unreduced shape (and warns). Functional here.
+  m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  m.impl("smooth_l1_loss", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
 }
 }  // namespace torch_tpu
 

@@ -83,7 +83,11 @@ OpInfo* build(const c10::OperatorHandle& op) {
                                                                  "aten::max_unpool2d",
                                                                  "aten::max_unpool3d"};
   if (meta_disagrees.count(schema.name())) info->no_meta = info->meta_disagrees = true;
-  info->out_variant = find_out_variant(op);
+  // Out= overloads whose CPU kernels resize the out tensor to the unreduced shape before
+  // reducing into it: handed a 0-d out of the right shape they print PyTorch's "An output with
+  // one or more elements was resized" warning, which the functional kernel does not.
+  static const std::unordered_set<std::string> out_resizes = {"aten::mse_loss", "aten::smooth_l1_loss"};
+  if (!out_resizes.count(schema.name())) info->out_variant = find_out_variant(op);
   return info;
 }
 

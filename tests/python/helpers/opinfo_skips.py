@@ -19,9 +19,6 @@ opinfo_harness.py.
 
 SPARSE = ("sparse layouts are not supported on tpu (docs/limits.md): the op raises "
           "NotImplementedError by design")
-LENIENT_GN = ("tpu runs native_group_norm's CompositeExplicitAutograd decomposition (math_group_norm), "
-              "which accepts non-contiguous input that CPU's kernel rejects with 'Expected "
-              "X.is_contiguous(memory_format)'; tpu is more lenient, its results are right")
 CPU_FFT_OUT = ("PyTorch CPU bug, not ours: fft_ihfft2/fft_ihfftn with out= and a single transformed dim "
                "(dim=0, s=(8)) leave out partly unwritten on CPU too (CPU out= differs from CPU "
                "functional by ~1e35); tpu runs the same kernel")
@@ -43,8 +40,6 @@ SKIPS: dict[tuple[str, str, str], str] = {
     ('to_sparse', '*', 'forward'): SPARSE,
     ('to_sparse', '*', 'noncontig'): SPARSE,
     ('to_sparse', 'float32', 'grad'): SPARSE,
-    # LENIENT_GN
-    ('native_group_norm', '*', 'noncontig'): LENIENT_GN,
     # CPU_FFT_OUT
     ('fft.ihfft2', '*', 'out'): CPU_FFT_OUT,
     ('fft.ihfftn', '*', 'out'): CPU_FFT_OUT,
