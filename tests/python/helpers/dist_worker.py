@@ -64,6 +64,7 @@ def make(x, dev, layout):
 
 def checker(checks):
     """``check(name, fn)``: runs fn, records "ok" or its error under checks[name]."""
+
     def check(name, fn):
         try:
             fn()
@@ -129,6 +130,7 @@ def battery(dev):
     for dname, dtype in DTYPES.items():
         for layout in ("contig", "strided"):
             for sname, numel in (("small", 7), ("windows", 40001)):
+
                 def bcast(dtype=dtype, layout=layout, numel=numel):
                     root = 1 % WORLD
                     xs = [rank_data(r, numel, dtype, salt=5) for r in range(WORLD)]
@@ -160,22 +162,22 @@ def battery(dev):
                     out = make(torch.zeros(numel, dtype=dtype), dev, layout)
                     dist.reduce_scatter_tensor(out, make(xs[RANK], dev, layout))
                     want = torch.stack([x.double() for x in xs]).sum(0).to(dtype)
-                    eq(out, want[RANK * numel:(RANK + 1) * numel], "reduce_scatter_tensor")
+                    eq(out, want[RANK * numel : (RANK + 1) * numel], "reduce_scatter_tensor")
 
                 check(f"reduce_scatter_tensor/{dname}/{sname}/{layout}", reduce_scatter_tensor)
 
                 def reduce_scatter_list(dtype=dtype, layout=layout, numel=numel):
                     xs = [rank_data(r, WORLD * numel, dtype, salt=4) for r in range(WORLD)]
-                    ins = [make(xs[RANK][q * numel:(q + 1) * numel].clone(), dev, layout) for q in range(WORLD)]
+                    ins = [make(xs[RANK][q * numel : (q + 1) * numel].clone(), dev, layout) for q in range(WORLD)]
                     out = make(torch.zeros(numel, dtype=dtype), dev, layout)
                     dist.reduce_scatter(out, ins)
                     want = torch.stack([x.double() for x in xs]).sum(0).to(dtype)
-                    eq(out, want[RANK * numel:(RANK + 1) * numel], "reduce_scatter")
+                    eq(out, want[RANK * numel : (RANK + 1) * numel], "reduce_scatter")
 
                 check(f"reduce_scatter/{dname}/{sname}/{layout}", reduce_scatter_list)
 
                 def reduce_root(dtype=dtype, layout=layout, numel=numel):
-                    root = (WORLD - 1)
+                    root = WORLD - 1
                     xs = [rank_data(r, numel, dtype, salt=6) for r in range(WORLD)]
                     t = make(xs[RANK], dev, layout)
                     dist.reduce(t, dst=root, op=dist.ReduceOp.MAX)
@@ -187,8 +189,11 @@ def battery(dev):
                 def gather_root(dtype=dtype, layout=layout, numel=numel):
                     root = 0
                     xs = [rank_data(r, numel, dtype, salt=7) for r in range(WORLD)]
-                    outs = [make(torch.zeros(numel, dtype=dtype), dev, layout) for _ in range(WORLD)] \
-                        if RANK == root else None
+                    outs = (
+                        [make(torch.zeros(numel, dtype=dtype), dev, layout) for _ in range(WORLD)]
+                        if RANK == root
+                        else None
+                    )
                     dist.gather(make(xs[RANK], dev, layout), outs, dst=root)
                     if RANK == root:
                         for r in range(WORLD):
@@ -206,6 +211,7 @@ def battery(dev):
                 check(f"scatter/{dname}/{sname}/{layout}", scatter_root)
 
         for split in ("even", "uneven"):
+
             def a2a_single(dtype=dtype, split=split):
                 rows = 5
                 if split == "even":
@@ -228,7 +234,7 @@ def battery(dev):
                 for r in range(WORLD):
                     s = [rows] * WORLD if split == "even" else [(r + q) % 3 for q in range(WORLD)]
                     off = sum(s[:RANK])
-                    want.append(data[r][off:off + s[RANK]])
+                    want.append(data[r][off : off + s[RANK]])
                 eq(out, torch.cat(want), "all_to_all_single")
 
             check(f"all_to_all_single/{dname}/{split}", a2a_single)
@@ -245,8 +251,8 @@ def battery(dev):
     def in_place_all_gather():
         numel = 33
         out = torch.zeros(WORLD * numel, device=dev)
-        out[RANK * numel:(RANK + 1) * numel] = rank_data(RANK, numel, torch.float32).to(dev)
-        dist.all_gather_into_tensor(out, out[RANK * numel:(RANK + 1) * numel])
+        out[RANK * numel : (RANK + 1) * numel] = rank_data(RANK, numel, torch.float32).to(dev)
+        dist.all_gather_into_tensor(out, out[RANK * numel : (RANK + 1) * numel])
         eq(out, torch.cat([rank_data(r, numel, torch.float32) for r in range(WORLD)]), "in-place all_gather")
 
     check("all_gather_into_tensor/in_place", in_place_all_gather)
@@ -311,8 +317,10 @@ def battery(dev):
             dist.recv(buf, 0)
             eq(buf, torch.arange(6), "send/recv")
         # batch_isend_irecv
-        ops = [dist.P2POp(dist.isend, torch.full((4,), float(RANK), device=dev), nxt),
-               dist.P2POp(dist.irecv, recv4 := torch.zeros(4, device=dev), prv)]
+        ops = [
+            dist.P2POp(dist.isend, torch.full((4,), float(RANK), device=dev), nxt),
+            dist.P2POp(dist.irecv, recv4 := torch.zeros(4, device=dev), prv),
+        ]
         for r in dist.batch_isend_irecv(ops):
             r.wait()
         eq(recv4, torch.full((4,), float(prv)), "batch_isend_irecv")
@@ -387,6 +395,7 @@ def scenario_collectives():
 
 # ------------------------------------------------------------------ DDP
 
+
 def scenario_ddp():
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -421,6 +430,7 @@ def scenario_ddp():
 
 # ------------------------------------------------------------------ FSDP2
 
+
 class TinyGPT(torch.nn.Module):
     def __init__(self, vocab=64, dim=32, heads=4, layers=2, seq=16):
         super().__init__()
@@ -428,7 +438,8 @@ class TinyGPT(torch.nn.Module):
         self.pos = torch.nn.Parameter(torch.randn(seq, dim) * 0.02)
         self.blocks = torch.nn.ModuleList(
             torch.nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
-            for _ in range(layers))
+            for _ in range(layers)
+        )
         self.head = torch.nn.Linear(dim, vocab)
 
     def forward(self, idx):
@@ -499,6 +510,7 @@ def scenario_fsdp():
 
 # ------------------------------------------------------------------ DTensor / tensor parallel
 
+
 def scenario_dtensor():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
@@ -558,7 +570,101 @@ def scenario_dtensor():
     write(results)
 
 
+def scenario_dtensor_random():
+    """DTensor random ops on shards equal the same ops drawn whole on one chip (philox)."""
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import rand as drand
+    from torch.distributed.tensor import randn as drandn
+
+    dev = init()
+    mesh = init_device_mesh("tpu", (WORLD,))
+    results = {}
+
+    def whole(seed, draw):
+        # The reference: the same op on a plain tensor of the whole shape, and the state after it.
+        torch.manual_seed(seed)
+        out = draw().cpu()
+        return out, torch.tpu.get_rng_state()
+
+    def same(name, seed, sharded, reference):
+        torch.manual_seed(seed)
+        got = sharded().full_tensor().cpu()
+        state = torch.tpu.get_rng_state()
+        want, want_state = whole(seed, reference)
+        results[name] = bool(torch.equal(got, want)) and bool(torch.equal(state, want_state))
+
+    for placement in (Shard(0), Replicate()):
+        tag = type(placement).__name__
+        same(
+            f"randn_{tag}",
+            1,
+            lambda p=placement: drandn(8, 12, device_mesh=mesh, placements=[p]),
+            lambda: torch.randn(8, 12, device=dev),
+        )
+        same(
+            f"rand_{tag}",
+            2,
+            lambda p=placement: drand(16, 4, device_mesh=mesh, placements=[p]),
+            lambda: torch.rand(16, 4, device=dev),
+        )
+        zeros = torch.zeros(8, 12)
+        same(
+            f"uniform_{tag}",
+            3,
+            lambda p=placement: distribute_tensor(zeros.to(dev), mesh, [p]).uniform_(-2, 2),
+            lambda: torch.zeros(8, 12, device=dev).uniform_(-2, 2),
+        )
+        same(
+            f"normal_{tag}",
+            4,
+            lambda p=placement: distribute_tensor(zeros.to(dev), mesh, [p]).normal_(1, 3),
+            lambda: torch.zeros(8, 12, device=dev).normal_(1, 3),
+        )
+        same(
+            f"rand_like_{tag}",
+            5,
+            lambda p=placement: torch.rand_like(distribute_tensor(zeros.to(dev), mesh, [p])),
+            lambda: torch.rand_like(zeros.to(dev)),
+        )
+        same(
+            f"bernoulli_{tag}",
+            6,
+            lambda p=placement: distribute_tensor(zeros.to(dev), mesh, [p]).bernoulli_(0.4),
+            lambda: torch.zeros(8, 12, device=dev).bernoulli_(0.4),
+        )
+
+    # nn.init on a DTensor parameter (the FSDP / TorchTitan initialisation path), then one
+    # more draw: the offsets of both paths stay in step.
+    def init_param(w):
+        nn.init.trunc_normal_(w, std=0.02)
+        nn.init.normal_(w.data[:0])  # an empty draw moves nothing
+        return w
+
+    torch.manual_seed(7)
+    w = nn.Parameter(distribute_tensor(torch.empty(16, 8, device=dev), mesh, [Shard(0)]))
+    with torch.no_grad():
+        init_param(w)
+    after = torch.rand(4, device=dev).cpu()
+    got = w.full_tensor().detach().cpu()
+    torch.manual_seed(7)
+    ref = torch.empty(16, 8, device=dev)
+    with torch.no_grad():
+        init_param(ref)
+    results["nn_init"] = bool(torch.equal(got, ref.cpu()))
+    results["after_init"] = bool(torch.equal(after, torch.rand(4, device=dev).cpu()))
+    # Shards differ from each other (each rank draws its own slice).
+    local = drandn(4 * WORLD, 4, device_mesh=mesh, placements=[Shard(0)]).to_local().cpu()
+    gathered = [torch.empty_like(local) for _ in range(WORLD)]
+    dist.all_gather_object(gathered, local)
+    results["shards_differ"] = WORLD == 1 or not torch.equal(gathered[0], gathered[1])
+    dist.destroy_process_group()
+    write(results)
+
+
 # ------------------------------------------------------------------ failures
+
 
 def scenario_kill():
     """Rank WORLD-1 SIGKILLs itself in the middle of a large all_reduce; the others must raise."""
@@ -631,12 +737,21 @@ def scenario_mismatch():
         attempt_into(result, name, fn)
 
     attempt("numel", lambda: dist.all_reduce(torch.ones(10 + 2 * RANK, device=dev)))
-    attempt("dtype", lambda: dist.all_reduce(
-        torch.ones(10, device=dev, dtype=torch.float32 if RANK == 0 else torch.int64)))
-    attempt("op", lambda: dist.all_reduce(torch.ones(4, device=dev)) if RANK == 0
-            else dist.broadcast(torch.ones(4, device=dev), src=0))
-    attempt("redop", lambda: dist.all_reduce(torch.ones(4, device=dev),
-                                             op=dist.ReduceOp.SUM if RANK == 0 else dist.ReduceOp.MAX))
+    attempt(
+        "dtype", lambda: dist.all_reduce(torch.ones(10, device=dev, dtype=torch.float32 if RANK == 0 else torch.int64))
+    )
+    attempt(
+        "op",
+        lambda: (
+            dist.all_reduce(torch.ones(4, device=dev))
+            if RANK == 0
+            else dist.broadcast(torch.ones(4, device=dev), src=0)
+        ),
+    )
+    attempt(
+        "redop",
+        lambda: dist.all_reduce(torch.ones(4, device=dev), op=dist.ReduceOp.SUM if RANK == 0 else dist.ReduceOp.MAX),
+    )
     attempt("root", lambda: dist.broadcast(torch.ones(4, device=dev), src=RANK))
     t = torch.full((6,), float(RANK + 1), device=dev)
     attempt("after", lambda: dist.all_reduce(t))
@@ -663,8 +778,12 @@ def scenario_multislice():
         t = torch.full((1024,), float(RANK + 1), device=dev)
         dist.all_reduce(t, group=mesh.get_group(name))
         s = rt.stats(dev)
-        result[name] = {"value": t.cpu().unique().tolist(), "dcn_bytes": s["dcn_bytes"], "ici_bytes": s["ici_bytes"],
-                        "ranks": dist.get_process_group_ranks(mesh.get_group(name))}
+        result[name] = {
+            "value": t.cpu().unique().tolist(),
+            "dcn_bytes": s["dcn_bytes"],
+            "ici_bytes": s["ici_bytes"],
+            "ranks": dist.get_process_group_ranks(mesh.get_group(name)),
+        }
 
     @torch.tpu.distributed.spmd_safe
     def spmd(fn):
@@ -681,8 +800,16 @@ def scenario_multislice():
     # Host-local parts agree (both ranks of a host pass the same); only the check across hosts sees it.
     n = 10 if result["slice"] == 0 else 12
     attempt("numel_across_hosts", lambda: spmd(lambda: dist.all_reduce(torch.ones(n, device=dev))))
-    attempt("op_across_hosts", lambda: spmd(lambda: dist.all_reduce(torch.ones(4, device=dev)) if result["slice"] == 0
-                                            else dist.broadcast(torch.ones(4, device=dev), src=0)))
+    attempt(
+        "op_across_hosts",
+        lambda: spmd(
+            lambda: (
+                dist.all_reduce(torch.ones(4, device=dev))
+                if result["slice"] == 0
+                else dist.broadcast(torch.ones(4, device=dev), src=0)
+            )
+        ),
+    )
     t = torch.full((6,), float(RANK + 1), device=dev)
     attempt("after", lambda: spmd(lambda: dist.all_reduce(t)))
     result["after_value"] = t.cpu().tolist()
@@ -699,9 +826,15 @@ def scenario_launch():
     dist.init_process_group(device_id=dev)
     t = torch.full((4,), float(dist.get_rank() + 1), device=dev)
     dist.all_reduce(t)
-    write({"backend": str(dist.get_backend()), "value": t.cpu().tolist(), "local_rank": local,
-           "device_map": dict(dist.Backend.default_device_backend_map),
-           "omp_num_threads": os.environ.get("OMP_NUM_THREADS")})
+    write(
+        {
+            "backend": str(dist.get_backend()),
+            "value": t.cpu().tolist(),
+            "local_rank": local,
+            "device_map": dict(dist.Backend.default_device_backend_map),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        }
+    )
     dist.destroy_process_group()
 
 
@@ -715,6 +848,7 @@ def scenario_tpu_ops():
     torch.tpu.synchronize()
     dist.destroy_process_group()
     write({"checks": checks})
+
 
 if __name__ == "__main__":
     if "LOCAL_RANK" in os.environ and "RANK" in os.environ:
