@@ -22,16 +22,8 @@ from .. import _C
 from ._utils import _device_index
 
 __all__ = [
-    "default_generators",
-    "get_rng_state",
-    "get_rng_state_all",
-    "initial_seed",
-    "manual_seed",
-    "manual_seed_all",
-    "seed",
-    "seed_all",
-    "set_rng_state",
-    "set_rng_state_all",
+    "default_generators", "get_rng_state", "get_rng_state_all", "initial_seed", "manual_seed", "manual_seed_all",
+    "seed", "seed_all", "set_rng_state", "set_rng_state_all",
 ]
 
 

@@ -64,7 +64,6 @@ def make(x, dev, layout):
 
 def checker(checks):
     """``check(name, fn)``: runs fn, records "ok" or its error under checks[name]."""
-
     def check(name, fn):
         try:
             fn()
@@ -130,7 +129,6 @@ def battery(dev):
     for dname, dtype in DTYPES.items():
         for layout in ("contig", "strided"):
             for sname, numel in (("small", 7), ("windows", 40001)):
-
                 def bcast(dtype=dtype, layout=layout, numel=numel):
                     root = 1 % WORLD
                     xs = [rank_data(r, numel, dtype, salt=5) for r in range(WORLD)]
@@ -162,22 +160,22 @@ def battery(dev):
                     out = make(torch.zeros(numel, dtype=dtype), dev, layout)
                     dist.reduce_scatter_tensor(out, make(xs[RANK], dev, layout))
                     want = torch.stack([x.double() for x in xs]).sum(0).to(dtype)
-                    eq(out, want[RANK * numel : (RANK + 1) * numel], "reduce_scatter_tensor")
+                    eq(out, want[RANK * numel:(RANK + 1) * numel], "reduce_scatter_tensor")
 
                 check(f"reduce_scatter_tensor/{dname}/{sname}/{layout}", reduce_scatter_tensor)
 
                 def reduce_scatter_list(dtype=dtype, layout=layout, numel=numel):
                     xs = [rank_data(r, WORLD * numel, dtype, salt=4) for r in range(WORLD)]
-                    ins = [make(xs[RANK][q * numel : (q + 1) * numel].clone(), dev, layout) for q in range(WORLD)]
+                    ins = [make(xs[RANK][q * numel:(q + 1) * numel].clone(), dev, layout) for q in range(WORLD)]
                     out = make(torch.zeros(numel, dtype=dtype), dev, layout)
                     dist.reduce_scatter(out, ins)
                     want = torch.stack([x.double() for x in xs]).sum(0).to(dtype)
-                    eq(out, want[RANK * numel : (RANK + 1) * numel], "reduce_scatter")
+                    eq(out, want[RANK * numel:(RANK + 1) * numel], "reduce_scatter")
 
                 check(f"reduce_scatter/{dname}/{sname}/{layout}", reduce_scatter_list)
 
                 def reduce_root(dtype=dtype, layout=layout, numel=numel):
-                    root = WORLD - 1
+                    root = (WORLD - 1)
                     xs = [rank_data(r, numel, dtype, salt=6) for r in range(WORLD)]
                     t = make(xs[RANK], dev, layout)
                     dist.reduce(t, dst=root, op=dist.ReduceOp.MAX)
@@ -189,11 +187,8 @@ def battery(dev):
                 def gather_root(dtype=dtype, layout=layout, numel=numel):
                     root = 0
                     xs = [rank_data(r, numel, dtype, salt=7) for r in range(WORLD)]
-                    outs = (
-                        [make(torch.zeros(numel, dtype=dtype), dev, layout) for _ in range(WORLD)]
-                        if RANK == root
-                        else None
-                    )
+                    outs = [make(torch.zeros(numel, dtype=dtype), dev, layout) for _ in range(WORLD)] \
+                        if RANK == root else None
                     dist.gather(make(xs[RANK], dev, layout), outs, dst=root)
                     if RANK == root:
                         for r in range(WORLD):
@@ -211,7 +206,6 @@ def battery(dev):
                 check(f"scatter/{dname}/{sname}/{layout}", scatter_root)
 
         for split in ("even", "uneven"):
-
             def a2a_single(dtype=dtype, split=split):
                 rows = 5
                 if split == "even":
@@ -234,7 +228,7 @@ def battery(dev):
                 for r in range(WORLD):
                     s = [rows] * WORLD if split == "even" else [(r + q) % 3 for q in range(WORLD)]
                     off = sum(s[:RANK])
-                    want.append(data[r][off : off + s[RANK]])
+                    want.append(data[r][off:off + s[RANK]])
                 eq(out, torch.cat(want), "all_to_all_single")
 
             check(f"all_to_all_single/{dname}/{split}", a2a_single)
@@ -251,8 +245,8 @@ def battery(dev):
     def in_place_all_gather():
         numel = 33
         out = torch.zeros(WORLD * numel, device=dev)
-        out[RANK * numel : (RANK + 1) * numel] = rank_data(RANK, numel, torch.float32).to(dev)
-        dist.all_gather_into_tensor(out, out[RANK * numel : (RANK + 1) * numel])
+        out[RANK * numel:(RANK + 1) * numel] = rank_data(RANK, numel, torch.float32).to(dev)
+        dist.all_gather_into_tensor(out, out[RANK * numel:(RANK + 1) * numel])
         eq(out, torch.cat([rank_data(r, numel, torch.float32) for r in range(WORLD)]), "in-place all_gather")
 
     check("all_gather_into_tensor/in_place", in_place_all_gather)
@@ -317,10 +311,8 @@ def battery(dev):
             dist.recv(buf, 0)
             eq(buf, torch.arange(6), "send/recv")
         # batch_isend_irecv
-        ops = [
-            dist.P2POp(dist.isend, torch.full((4,), float(RANK), device=dev), nxt),
-            dist.P2POp(dist.irecv, recv4 := torch.zeros(4, device=dev), prv),
-        ]
+        ops = [dist.P2POp(dist.isend, torch.full((4,), float(RANK), device=dev), nxt),
+               dist.P2POp(dist.irecv, recv4 := torch.zeros(4, device=dev), prv)]
         for r in dist.batch_isend_irecv(ops):
             r.wait()
         eq(recv4, torch.full((4,), float(prv)), "batch_isend_irecv")
@@ -395,7 +387,6 @@ def scenario_collectives():
 
 # ------------------------------------------------------------------ DDP
 
-
 def scenario_ddp():
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -430,7 +421,6 @@ def scenario_ddp():
 
 # ------------------------------------------------------------------ FSDP2
 
-
 class TinyGPT(torch.nn.Module):
     def __init__(self, vocab=64, dim=32, heads=4, layers=2, seq=16):
         super().__init__()
@@ -438,8 +428,7 @@ class TinyGPT(torch.nn.Module):
         self.pos = torch.nn.Parameter(torch.randn(seq, dim) * 0.02)
         self.blocks = torch.nn.ModuleList(
             torch.nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True, norm_first=True)
-            for _ in range(layers)
-        )
+            for _ in range(layers))
         self.head = torch.nn.Linear(dim, vocab)
 
     def forward(self, idx):
@@ -509,7 +498,6 @@ def scenario_fsdp():
 
 
 # ------------------------------------------------------------------ DTensor / tensor parallel
-
 
 def scenario_dtensor():
     from torch.distributed.device_mesh import init_device_mesh
@@ -613,25 +601,25 @@ def scenario_dtensor_random():
         same(
             f"uniform_{tag}",
             3,
-            lambda p=placement: distribute_tensor(zeros.to(dev), mesh, [p]).uniform_(-2, 2),
+            lambda p=placement, z=zeros: distribute_tensor(z.to(dev), mesh, [p]).uniform_(-2, 2),
             lambda: torch.zeros(8, 12, device=dev).uniform_(-2, 2),
         )
         same(
             f"normal_{tag}",
             4,
-            lambda p=placement: distribute_tensor(zeros.to(dev), mesh, [p]).normal_(1, 3),
+            lambda p=placement, z=zeros: distribute_tensor(z.to(dev), mesh, [p]).normal_(1, 3),
             lambda: torch.zeros(8, 12, device=dev).normal_(1, 3),
         )
         same(
             f"rand_like_{tag}",
             5,
-            lambda p=placement: torch.rand_like(distribute_tensor(zeros.to(dev), mesh, [p])),
-            lambda: torch.rand_like(zeros.to(dev)),
+            lambda p=placement, z=zeros: torch.rand_like(distribute_tensor(z.to(dev), mesh, [p])),
+            lambda z=zeros: torch.rand_like(z.to(dev)),
         )
         same(
             f"bernoulli_{tag}",
             6,
-            lambda p=placement: distribute_tensor(zeros.to(dev), mesh, [p]).bernoulli_(0.4),
+            lambda p=placement, z=zeros: distribute_tensor(z.to(dev), mesh, [p]).bernoulli_(0.4),
             lambda: torch.zeros(8, 12, device=dev).bernoulli_(0.4),
         )
 
@@ -664,7 +652,6 @@ def scenario_dtensor_random():
 
 
 # ------------------------------------------------------------------ failures
-
 
 def scenario_kill():
     """Rank WORLD-1 SIGKILLs itself in the middle of a large all_reduce; the others must raise."""
@@ -737,21 +724,12 @@ def scenario_mismatch():
         attempt_into(result, name, fn)
 
     attempt("numel", lambda: dist.all_reduce(torch.ones(10 + 2 * RANK, device=dev)))
-    attempt(
-        "dtype", lambda: dist.all_reduce(torch.ones(10, device=dev, dtype=torch.float32 if RANK == 0 else torch.int64))
-    )
-    attempt(
-        "op",
-        lambda: (
-            dist.all_reduce(torch.ones(4, device=dev))
-            if RANK == 0
-            else dist.broadcast(torch.ones(4, device=dev), src=0)
-        ),
-    )
-    attempt(
-        "redop",
-        lambda: dist.all_reduce(torch.ones(4, device=dev), op=dist.ReduceOp.SUM if RANK == 0 else dist.ReduceOp.MAX),
-    )
+    attempt("dtype", lambda: dist.all_reduce(
+        torch.ones(10, device=dev, dtype=torch.float32 if RANK == 0 else torch.int64)))
+    attempt("op", lambda: dist.all_reduce(torch.ones(4, device=dev)) if RANK == 0
+            else dist.broadcast(torch.ones(4, device=dev), src=0))
+    attempt("redop", lambda: dist.all_reduce(torch.ones(4, device=dev),
+                                             op=dist.ReduceOp.SUM if RANK == 0 else dist.ReduceOp.MAX))
     attempt("root", lambda: dist.broadcast(torch.ones(4, device=dev), src=RANK))
     t = torch.full((6,), float(RANK + 1), device=dev)
     attempt("after", lambda: dist.all_reduce(t))
@@ -778,12 +756,8 @@ def scenario_multislice():
         t = torch.full((1024,), float(RANK + 1), device=dev)
         dist.all_reduce(t, group=mesh.get_group(name))
         s = rt.stats(dev)
-        result[name] = {
-            "value": t.cpu().unique().tolist(),
-            "dcn_bytes": s["dcn_bytes"],
-            "ici_bytes": s["ici_bytes"],
-            "ranks": dist.get_process_group_ranks(mesh.get_group(name)),
-        }
+        result[name] = {"value": t.cpu().unique().tolist(), "dcn_bytes": s["dcn_bytes"], "ici_bytes": s["ici_bytes"],
+                        "ranks": dist.get_process_group_ranks(mesh.get_group(name))}
 
     @torch.tpu.distributed.spmd_safe
     def spmd(fn):
@@ -800,16 +774,8 @@ def scenario_multislice():
     # Host-local parts agree (both ranks of a host pass the same); only the check across hosts sees it.
     n = 10 if result["slice"] == 0 else 12
     attempt("numel_across_hosts", lambda: spmd(lambda: dist.all_reduce(torch.ones(n, device=dev))))
-    attempt(
-        "op_across_hosts",
-        lambda: spmd(
-            lambda: (
-                dist.all_reduce(torch.ones(4, device=dev))
-                if result["slice"] == 0
-                else dist.broadcast(torch.ones(4, device=dev), src=0)
-            )
-        ),
-    )
+    attempt("op_across_hosts", lambda: spmd(lambda: dist.all_reduce(torch.ones(4, device=dev)) if result["slice"] == 0
+                                            else dist.broadcast(torch.ones(4, device=dev), src=0)))
     t = torch.full((6,), float(RANK + 1), device=dev)
     attempt("after", lambda: spmd(lambda: dist.all_reduce(t)))
     result["after_value"] = t.cpu().tolist()
@@ -826,15 +792,9 @@ def scenario_launch():
     dist.init_process_group(device_id=dev)
     t = torch.full((4,), float(dist.get_rank() + 1), device=dev)
     dist.all_reduce(t)
-    write(
-        {
-            "backend": str(dist.get_backend()),
-            "value": t.cpu().tolist(),
-            "local_rank": local,
-            "device_map": dict(dist.Backend.default_device_backend_map),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        }
-    )
+    write({"backend": str(dist.get_backend()), "value": t.cpu().tolist(), "local_rank": local,
+           "device_map": dict(dist.Backend.default_device_backend_map),
+           "omp_num_threads": os.environ.get("OMP_NUM_THREADS")})
     dist.destroy_process_group()
 
 
@@ -848,7 +808,6 @@ def scenario_tpu_ops():
     torch.tpu.synchronize()
     dist.destroy_process_group()
     write({"checks": checks})
-
 
 if __name__ == "__main__":
     if "LOCAL_RANK" in os.environ and "RANK" in os.environ:
