@@ -17,6 +17,14 @@
 namespace torch_tpu {
 namespace {
 
+// The aten sources build at -O2, whose vectorizer declines the Philox rounds;
+// with O3 and AVX2 (runtime dispatch, as csrc/exec's kernels) they vectorize.
+#pragma GCC optimize("O3")
+__attribute__((target_clones("avx2", "default"))) void blocks_of(uint64_t seed, uint64_t start,
+                                                                 uint32_t (*out)[kPhiloxLanes]) {
+  philox_blocks(seed, start, out);
+}
+
 enum class Kind {
   kNone,
   kUniform,
@@ -101,18 +109,18 @@ double uniform01_open_low(const PhiloxCounter& b) {
   return 1.0 - uniform01<T>(b);
 }
 
-// Box-Muller, one of the pair (the cosine branch) per element.
+// Box-Muller, one of the pair (the cosine branch) per element; float math below double.
 template <typename T>
 double standard_normal(const PhiloxCounter& b) {
-  double u1, u2;
   if constexpr (std::is_same_v<T, double>) {
-    u1 = 1.0 - philox_uniform53(b[0], b[1]);
-    u2 = philox_uniform53(b[2], b[3]);
+    const double u1 = 1.0 - philox_uniform53(b[0], b[1]);
+    const double u2 = philox_uniform53(b[2], b[3]);
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
   } else {
-    u1 = 1.0 - philox_uniform24(b[0]);
-    u2 = philox_uniform24(b[1]);
+    const float u1 = 1.0f - philox_uniform24(b[0]);
+    const float u2 = philox_uniform24(b[1]);
+    return std::sqrt(-2.0f * std::log(u1)) * std::cos(static_cast<float>(2.0 * M_PI) * u2);
   }
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
 // Uniform integer in [0, range) (range 0: all of 2^64).
@@ -145,8 +153,15 @@ struct Params {
 template <typename T>
 void fill(T* out, int64_t n, uint64_t seed, uint64_t offset, const Params& prm, const double* probs) {
   at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
+    uint32_t words[4][kPhiloxLanes];
+    int64_t base = -1;
     for (int64_t i = begin; i < end; ++i) {
-      const PhiloxCounter b = philox_block(seed, offset + static_cast<uint64_t>(i));
+      if (base < 0 || i - base >= kPhiloxLanes) {
+        base = i;
+        blocks_of(seed, offset + static_cast<uint64_t>(i), words);
+      }
+      const int64_t j = i - base;
+      const PhiloxCounter b{words[0][j], words[1][j], words[2][j], words[3][j]};
       double v = 0;
       switch (prm.kind) {
         case Kind::kUniform: {

@@ -50,6 +50,43 @@ inline PhiloxCounter philox_block(uint64_t seed, uint64_t position) {
                     {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
 }
 
+// Blocks of the positions start .. start + kPhiloxLanes - 1, as philox_block computes
+// them, in structure-of-arrays form (out[word][lane]) so that compilers vectorize it.
+constexpr int kPhiloxLanes = 64;
+inline void philox_blocks(uint64_t seed, uint64_t start, uint32_t (*out)[kPhiloxLanes]) {
+  uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
+  for (int j = 0; j < kPhiloxLanes; ++j) {
+    const uint64_t p = start + static_cast<uint64_t>(j);
+    c0[j] = static_cast<uint32_t>(p);
+    c1[j] = static_cast<uint32_t>(p >> 32);
+    c2[j] = 0;
+    c3[j] = 0;
+  }
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    if (r > 0) {
+      k0 += kPhiloxW0;
+      k1 += kPhiloxW1;
+    }
+    for (int j = 0; j < kPhiloxLanes; ++j) {
+      const uint64_t p0 = static_cast<uint64_t>(kPhiloxM0) * c0[j];
+      const uint64_t p1 = static_cast<uint64_t>(kPhiloxM1) * c2[j];
+      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[j] ^ k0;
+      const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[j] ^ k1;
+      c1[j] = static_cast<uint32_t>(p1);
+      c3[j] = static_cast<uint32_t>(p0);
+      c0[j] = n0;
+      c2[j] = n2;
+    }
+  }
+  for (int j = 0; j < kPhiloxLanes; ++j) {
+    out[0][j] = c0[j];
+    out[1][j] = c1[j];
+    out[2][j] = c2[j];
+    out[3][j] = c3[j];
+  }
+}
+
 // Uniform draws from a block: [0, 1) with 24 bits (float and narrower) or 53 bits (double).
 inline float philox_uniform24(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
 inline double philox_uniform53(uint32_t hi, uint32_t lo) {

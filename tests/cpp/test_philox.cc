@@ -43,6 +43,17 @@ TEST(Philox, BlockMapsPositionAndSeed) {
   EXPECT_EQ(seen.size(), 1000u);
 }
 
+TEST(Philox, BatchedBlocksEqualSingleBlocks) {
+  uint32_t words[4][torch_tpu::kPhiloxLanes];
+  for (uint64_t start : {uint64_t{0}, uint64_t{12}, uint64_t{0xffffffffull - 5}, uint64_t{0xfffffffffffffff0ull}}) {
+    torch_tpu::philox_blocks(0x123456789abcdefull, start, words);
+    for (int j = 0; j < torch_tpu::kPhiloxLanes; ++j) {
+      const PhiloxCounter b = torch_tpu::philox_block(0x123456789abcdefull, start + static_cast<uint64_t>(j));
+      EXPECT_EQ(b, (PhiloxCounter{words[0][j], words[1][j], words[2][j], words[3][j]})) << start << " " << j;
+    }
+  }
+}
+
 TEST(Philox, UniformRanges) {
   EXPECT_EQ(torch_tpu::philox_uniform24(0), 0.0f);
   EXPECT_LT(torch_tpu::philox_uniform24(0xffffffffu), 1.0f);
