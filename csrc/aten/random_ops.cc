@@ -248,6 +248,8 @@ c10::IValue philox_generator_arg(TPUGeneratorImpl& gen, const c10::OperatorHandl
     return c10::ivalue::Tuple::create(
         {c10::IValue(static_cast<int64_t>(seed)), c10::IValue(static_cast<int64_t>(offset))});
   }
+  // An in-place fill the kernels do not draw (a dtype the op rejects, complex): CPU's checks at the call too.
+  if (self_ok && in_place(op.schema())) check_like_cpu(op, args);
   auto [seed, offset] = gen.reserve(4);
   const PhiloxCounter b = philox_block(seed, offset);
   return c10::IValue(at::make_generator<at::CPUGeneratorImpl>((static_cast<uint64_t>(b[1]) << 32) | b[0]));

@@ -315,6 +315,14 @@ def test_bad_distribution_arguments_raise_at_the_call(op, call, match):
     assert call.__name__ and torch.rand(2, device="tpu").cpu().shape == (2,)
 
 
+def test_fill_of_an_unsupported_dtype_raises_at_the_call():
+    t = torch.empty(3, dtype=torch.int64, device="tpu")
+    with pytest.raises(RuntimeError, match="not implemented for 'Long'") as err:
+        t.uniform_()
+    assert "asynchronously" not in str(err.value)
+    assert torch.empty(3, dtype=torch.complex64, device="tpu").normal_().cpu().shape == (3,)
+
+
 # ------------------------------------------------------------------ TORCH_TPU_RNG
 
 
