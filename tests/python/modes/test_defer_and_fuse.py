@@ -412,7 +412,7 @@ def _rng_chain(dtype, shape=(64, 1000), gen=None):
     k = torch.bernoulli(x, 0.25, generator=gen) * x   # bernoulli.p
     j = (x * 3).bernoulli_(0.7, generator=gen) + 1    # bernoulli_.float on a pending result
     n = torch.randn(5, device="tpu")                  # a strict RNG op after them: drawn after theirs
-    return [t.cpu() for t in (d * 2, o, m, k, j, n)]
+    return [t.cpu() for t in (d * 2, o, m, k, j, n, x, b)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -427,14 +427,29 @@ def test_rng_ops_fuse_and_equal_strict_and_cpu(dtype):
     # dropout, bernoulli and their arithmetic were recorded (nothing ran strictly, nothing flushed before them)
     assert s["fallbacks"] == 0 and s["ops_fused"] >= 12 and s["flush_reasons"]["view"] == 0, s
     assert s["rng_vectorized"] in (True, False)
-    # CPU with the same seed draws the same numbers
-    torch.manual_seed(123)
-    x = torch.randn(64, 1000).to(dtype)
-    bias = torch.randn(1000).to(dtype)
-    assert torch.equal(F.dropout(x * 2 + bias, 0.3) * 2, got[0])
-    o, m = torch.native_dropout(x * 2 + bias - 1, 0.5, True)
-    assert torch.equal(o, got[1]) and torch.equal(m, got[2])
-    assert torch.equal(torch.bernoulli(x, 0.25) * x, got[3])
+    # CPU computes the same from the same inputs and masks. The chip's stream is not CPU's: the
+    # masks are drawn again, strictly, at the stream positions each op reserved (philox: an op
+    # of n elements takes n positions, rounded up to 4, in program order).
+    x, bias = ref[6], ref[7]
+    state = torch.tpu.get_rng_state()
+    pos = 64000 + 1000  # after randn(64, 1000) and randn(1000)
+
+    def mask(p, dtype):
+        nonlocal pos
+        st = state.clone()
+        st[8:] = torch.tensor([pos], dtype=torch.int64).view(torch.uint8)
+        torch.tpu.set_rng_state(st)
+        pos += 64000
+        return torch.empty(64, 1000, device="tpu", dtype=dtype).bernoulli_(p).cpu()
+
+    h = x * 2 + bias
+    noise = mask(0.7, dtype).div_(0.7)               # CPU's dropout: input * (mask / (1 - p))
+    assert torch.equal(h * noise * 2, got[0])
+    m = mask(0.5, torch.bool)
+    assert torch.equal(m, got[2]) and torch.equal((h - 1).mul(m).mul_(2.0), got[1])
+    assert torch.equal(mask(0.25, dtype) * x, got[3])
+    assert torch.equal(mask(0.7, dtype) + 1, got[4])
+    assert 0.6 < noise.ne(0).double().mean().item() < 0.8
 
 
 def test_rng_ops_with_a_generator_and_in_row_chunks(defer):
@@ -505,8 +520,14 @@ def test_training_loop_with_dropout_repeats_and_equals_strict():
 def test_dropout_draws_from_the_tpu_generator():
     # ATen's native_dropout kernel draws from the CPU's default generator; on
     # tpu the chip's generator decides (torch.tpu.manual_seed), in every mode.
-    torch.manual_seed(0)
-    expected = F.dropout(torch.ones(1000), 0.5)
+    torch.random.default_generator.manual_seed(2)
+    torch.tpu.manual_seed(0)
+    with torch_tpu.eager_mode("strict"):
+        expected = F.dropout(torch.ones(1000, device="tpu"), 0.5).cpu()
+        torch.tpu.manual_seed(1)
+        other = F.dropout(torch.ones(1000, device="tpu"), 0.5).cpu()
+    assert not torch.equal(other, expected)
+    assert 400 < expected.ne(0).sum().item() < 600
     for mode in ("strict", "defer_and_fuse"):
         torch.random.default_generator.manual_seed(1)
         torch.tpu.manual_seed(0)
@@ -516,11 +537,20 @@ def test_dropout_draws_from_the_tpu_generator():
 
 
 def test_dropout_training_step_gradients_match_cpu(defer_global):
+    # Inputs drawn once on CPU and copied; CPU applies the mask the chip's generator draws
+    # (a strict dropout of ones from the same generator state).
+    gen = torch.Generator().manual_seed(3)
+    w0, x0 = torch.randn(32, 64, generator=gen), torch.randn(16, 32, generator=gen)
+    torch.tpu.manual_seed(3)
+    with torch_tpu.eager_mode("strict"):
+        keep = F.dropout(torch.ones(16, 64, device="tpu"), 0.2).cpu()
+
     def step(device):
-        torch.manual_seed(3)
-        w = torch.randn(32, 64, device=device, requires_grad=True)
-        x = torch.randn(16, 32, device=device)
-        h = F.dropout(F.gelu(x @ w, approximate="tanh"), 0.2)
+        torch.tpu.manual_seed(3)
+        w = w0.to(device, copy=True).requires_grad_()
+        x = x0.to(device)
+        h = F.gelu(x @ w, approximate="tanh")
+        h = F.dropout(h, 0.2) if device == "tpu" else h * keep
         loss = (h * h).mean()
         loss.backward()
         return loss.detach().cpu(), w.grad.cpu()
