@@ -13,7 +13,12 @@ SMOKE = "tpu_smoke"
 llama3_args.setdefault(
     SMOKE,
     TransformerModelArgs(
-        dim=64, n_layers=2, n_heads=4, vocab_size=2048, rope_theta=500000, attn_type="flex",
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        vocab_size=2048,
+        rope_theta=500000,
+        attn_type="flex",
         attn_mask_type="block_causal",
     ),
 )

@@ -38,20 +38,32 @@ _STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.]+)")
 def titan_args(work: str, flavor: str, steps: int, seq_len: int, batch: int) -> list[str]:
     """TorchTitan's command-line arguments (after ``-m torchtitan.train``) for one run in `work`."""
     return [
-        "--job.config-file", CONFIG,
-        "--job.dump-folder", os.path.join(work, "outputs"),
-        "--model.flavor", flavor,
-        "--model.hf-assets-path", os.path.join(work, "tokenizer"),
-        "--training.dataset-path", os.path.join(work, "dataset"),
-        "--training.steps", str(steps),
-        "--training.seq-len", str(seq_len),
-        "--training.local-batch-size", str(batch),
-        "--experimental.custom-import", "tpu_flavors",
+        "--job.config-file",
+        CONFIG,
+        "--job.dump-folder",
+        os.path.join(work, "outputs"),
+        "--model.flavor",
+        flavor,
+        "--model.hf-assets-path",
+        os.path.join(work, "tokenizer"),
+        "--training.dataset-path",
+        os.path.join(work, "dataset"),
+        "--training.steps",
+        str(steps),
+        "--training.seq-len",
+        str(seq_len),
+        "--training.local-batch-size",
+        str(batch),
+        "--experimental.custom-import",
+        "tpu_flavors",
         "--checkpoint.enable",
-        "--checkpoint.folder", f"checkpoint-{time.time_ns()}",
-        "--checkpoint.initial-load-path", os.path.join(work, "init_ckpt"),
+        "--checkpoint.folder",
+        f"checkpoint-{time.time_ns()}",
+        "--checkpoint.initial-load-path",
+        os.path.join(work, "init_ckpt"),
         "--checkpoint.initial-load-model-only",
-        "--checkpoint.interval", "1000000",
+        "--checkpoint.interval",
+        "1000000",
     ]
 
 
@@ -72,8 +84,7 @@ def _dense_flex(q, k, v, *, block_mask, scale=None, enable_gqa=False, return_lse
         raise NotImplementedError("the CPU oracle does not return the log-sum-exp")
     B, H, L, _ = q.shape
     mask = create_mask(block_mask.mask_mod, B, H, L, k.shape[2], device=q.device)
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                                            enable_gqa=enable_gqa)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
 
 
 def cpu_oracle(work: str, args: list[str], steps: int, nproc: int) -> list[float]:
@@ -83,8 +94,8 @@ def cpu_oracle(work: str, args: list[str], steps: int, nproc: int) -> list[float
 
     if HERE not in sys.path:
         sys.path.insert(0, HERE)
-    import tpu_flavors  # noqa: F401  (registers tpu_smoke)
     import torchtitan.models.attention as tt_attention
+    import tpu_flavors  # noqa: F401  (registers tpu_smoke)
     from torch.nn.attention.flex_attention import create_block_mask
     from torchtitan.components.loss import IGNORE_INDEX, cross_entropy_loss
     from torchtitan.components.lr_scheduler import build_lr_schedulers
@@ -108,12 +119,23 @@ def cpu_oracle(work: str, args: list[str], steps: int, nproc: int) -> list[float
     dcp.save(model.state_dict(), checkpoint_id=os.path.join(work, "init_ckpt"), no_dist=True)
 
     tokenizer = spec.build_tokenizer_fn(cfg)
-    loaders = [iter(spec.build_dataloader_fn(dp_world_size=nproc, dp_rank=r, tokenizer=tokenizer, job_config=cfg))
-               for r in range(nproc)]
+    loaders = [
+        iter(spec.build_dataloader_fn(dp_world_size=nproc, dp_rank=r, tokenizer=tokenizer, job_config=cfg))
+        for r in range(nproc)
+    ]
     o = cfg.optimizer
-    opts = OptimizersContainer([model], torch.optim.AdamW, {
-        "lr": o.lr, "betas": (o.beta1, o.beta2), "eps": o.eps, "weight_decay": o.weight_decay,
-        "fused": False, "foreach": o.implementation == "foreach"})
+    opts = OptimizersContainer(
+        [model],
+        torch.optim.AdamW,
+        {
+            "lr": o.lr,
+            "betas": (o.beta1, o.beta2),
+            "eps": o.eps,
+            "weight_decay": o.weight_decay,
+            "fused": False,
+            "foreach": o.implementation == "foreach",
+        },
+    )
     scheds = build_lr_schedulers(opts, cfg.lr_scheduler, cfg.training.steps)
     losses = []
     for _ in range(steps):
@@ -145,8 +167,15 @@ def titan_on_tpu(work: str, args: list[str], nproc: int, timeout: float) -> tupl
     return [by_step[s] for s in sorted(by_step)], log
 
 
-def run(work: str | None = None, nproc: int = 1, steps: int = 3, flavor: str = "debugmodel_flex_attn",
-        seq_len: int = 128, batch: int = 2, timeout: float = 1800) -> dict:
+def run(
+    work: str | None = None,
+    nproc: int = 1,
+    steps: int = 3,
+    flavor: str = "debugmodel_flex_attn",
+    seq_len: int = 128,
+    batch: int = 2,
+    timeout: float = 1800,
+) -> dict:
     """Oracle then TorchTitan on tpu; returns {"cpu": [...], "tpu": [...], "max_rel": float, "seconds": {...}}."""
     from assets import build  # noqa: PLC0415 (this folder is on sys.path when run as a script or test)
 
@@ -161,8 +190,13 @@ def run(work: str | None = None, nproc: int = 1, steps: int = 3, flavor: str = "
     if len(tpu) != steps:
         raise RuntimeError(f"expected {steps} logged steps, found {len(tpu)}:\n{log[-4000:]}")
     rel = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(tpu, cpu))
-    return {"cpu": cpu, "tpu": tpu, "max_rel": rel, "seconds": {"cpu_oracle": t1 - t0, "torchtitan_tpu": t2 - t1},
-            "log": log}
+    return {
+        "cpu": cpu,
+        "tpu": tpu,
+        "max_rel": rel,
+        "seconds": {"cpu_oracle": t1 - t0, "torchtitan_tpu": t2 - t1},
+        "log": log,
+    }
 
 
 def main() -> None:
@@ -179,8 +213,10 @@ def main() -> None:
     for i, (c, t) in enumerate(zip(r["cpu"], r["tpu"]), 1):
         print(f"{i:>4} {c:>12.5f} {t:>15.5f} {abs(t - c) / abs(c):>10.2e}")
     s = r["seconds"]
-    print(f"max rel diff {r['max_rel']:.2e}; cpu oracle {s['cpu_oracle']:.1f} s, "
-          f"torchtitan on tpu ({a.nproc} process{'es' if a.nproc > 1 else ''}) {s['torchtitan_tpu']:.1f} s")
+    print(
+        f"max rel diff {r['max_rel']:.2e}; cpu oracle {s['cpu_oracle']:.1f} s, "
+        f"torchtitan on tpu ({a.nproc} process{'es' if a.nproc > 1 else ''}) {s['torchtitan_tpu']:.1f} s"
+    )
 
 
 if __name__ == "__main__":

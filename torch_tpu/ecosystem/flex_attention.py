@@ -162,8 +162,17 @@ def _block_scores(q_blk, k_cols, q0, q1, cols, valid, partial, score_mod, mask_m
     return torch.where(keep, s, torch.tensor(-math.inf, dtype=wd, device=dev))
 
 
-def flex_forward(query, key, value, score_mod, block_mask, scale, kernel_options,
-                 score_mod_other_buffers=(), mask_mod_other_buffers=()):
+def flex_forward(
+    query,
+    key,
+    value,
+    score_mod,
+    block_mask,
+    scale,
+    kernel_options,
+    score_mod_other_buffers=(),
+    mask_mod_other_buffers=(),
+):
     """Forward HOP kernel: (out (B, Hq, L, Ev), lse (B, Hq, L), max (B, Hq, L)), stats in log2 units.
 
     Raises:
@@ -185,8 +194,20 @@ def flex_forward(query, key, value, score_mod, block_mask, scale, kernel_options
     for q0, q1, cols, valid, partial in plan.blocks():
         if cols is None:
             continue  # every key block masked: output 0, lse -inf (as the dense kernel)
-        z = _block_scores(query[:, :, q0:q1], _gather_cols(k, cols), q0, q1, cols, valid, partial,
-                          score_mod, mask_mod, scale, score_mod_other_buffers, mask_mod_other_buffers)
+        z = _block_scores(
+            query[:, :, q0:q1],
+            _gather_cols(k, cols),
+            q0,
+            q1,
+            cols,
+            valid,
+            partial,
+            score_mod,
+            mask_mod,
+            scale,
+            score_mod_other_buffers,
+            mask_mod_other_buffers,
+        )
         row_max = z.amax(-1)
         row_lse = torch.logsumexp(z, -1)
         dead = torch.isinf(row_lse) & (row_lse < 0)
@@ -216,8 +237,22 @@ class _autograd_on:
         return False
 
 
-def flex_backward(query, key, value, out, logsumexp, grad_out, grad_logsumexp, fw_graph, joint_graph,
-                  block_mask, scale, kernel_options, score_mod_other_buffers=(), mask_mod_other_buffers=()):
+def flex_backward(
+    query,
+    key,
+    value,
+    out,
+    logsumexp,
+    grad_out,
+    grad_logsumexp,
+    fw_graph,
+    joint_graph,
+    block_mask,
+    scale,
+    kernel_options,
+    score_mod_other_buffers=(),
+    mask_mod_other_buffers=(),
+):
     """Backward HOP kernel: (dq, dk, dv, grads of score_mod's captured tensors or None).
 
     Per query block: recompute the block's probabilities from the saved log-sum-exp
@@ -241,8 +276,10 @@ def flex_backward(query, key, value, out, logsumexp, grad_out, grad_logsumexp, f
     dq = torch.zeros_like(query, memory_format=torch.contiguous_format)
     kf = key.detach().requires_grad_()
     vf = value.detach().requires_grad_()
-    sbuf = tuple(b.detach().requires_grad_() if isinstance(b, torch.Tensor) and b.requires_grad else b
-                 for b in score_mod_other_buffers)
+    sbuf = tuple(
+        b.detach().requires_grad_() if isinstance(b, torch.Tensor) and b.requires_grad else b
+        for b in score_mod_other_buffers
+    )
     grad_bufs = [i for i, b in enumerate(score_mod_other_buffers) if isinstance(b, torch.Tensor) and b.requires_grad]
     dk = torch.zeros_like(key, memory_format=torch.contiguous_format)
     dv = torch.zeros_like(value, memory_format=torch.contiguous_format)
@@ -256,8 +293,20 @@ def flex_backward(query, key, value, out, logsumexp, grad_out, grad_logsumexp, f
             qb = query[:, :, q0:q1].detach().requires_grad_()
             k = _expand_kv(kf, B, Hq)
             v = _expand_kv(vf, B, Hq)
-            z = _block_scores(qb, _gather_cols(k, cols), q0, q1, cols, valid, partial,
-                              fw_graph, mask_mod, scale, sbuf, mask_mod_other_buffers)
+            z = _block_scores(
+                qb,
+                _gather_cols(k, cols),
+                q0,
+                q1,
+                cols,
+                valid,
+                partial,
+                fw_graph,
+                mask_mod,
+                scale,
+                sbuf,
+                mask_mod_other_buffers,
+            )
             l_blk = lse[:, :, q0:q1]
             dead = torch.isinf(l_blk) & (l_blk < 0)
             p = torch.where(dead.unsqueeze(-1), 0.0, torch.exp(z - torch.where(dead, 0.0, l_blk).unsqueeze(-1)))
