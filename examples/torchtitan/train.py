@@ -22,6 +22,7 @@ What it does, in ``--work`` (a temporary folder by default):
 """
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -167,6 +168,33 @@ def titan_on_tpu(work: str, args: list[str], nproc: int, timeout: float) -> tupl
     return [by_step[s] for s in sorted(by_step)], log
 
 
+def oracle_in_subprocess(
+    work: str, flavor: str, steps: int, seq_len: int, batch: int, nproc: int, timeout: float
+) -> list[float]:
+    """:func:`cpu_oracle` in a fresh process (its substitutions stay out of the caller's)."""
+    cmd = [
+        sys.executable,
+        os.path.join(HERE, "train.py"),
+        "--oracle",
+        "--work",
+        work,
+        "--flavor",
+        flavor,
+        "--steps",
+        str(steps),
+        "--seq-len",
+        str(seq_len),
+        "--batch",
+        str(batch),
+        "--nproc",
+        str(nproc),
+    ]
+    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"CPU oracle exited with {p.returncode}:\n{p.stderr[-6000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def run(
     work: str | None = None,
     nproc: int = 1,
@@ -176,16 +204,18 @@ def run(
     batch: int = 2,
     timeout: float = 1800,
 ) -> dict:
-    """Oracle then TorchTitan on tpu; returns {"cpu": [...], "tpu": [...], "max_rel": float, "seconds": {...}}."""
+    """Oracle, then TorchTitan on tpu, each in its own process(es).
+
+    Returns {"cpu": [...], "tpu": [...], "max_rel": float, "seconds": {...}, "log": TorchTitan's log}.
+    """
     from assets import build  # noqa: PLC0415 (this folder is on sys.path when run as a script or test)
 
     work = work or tempfile.mkdtemp(prefix="titan-tpu-")
     build(work)
-    args = titan_args(work, flavor, steps, seq_len, batch)
     t0 = time.perf_counter()
-    cpu = cpu_oracle(work, args, steps, nproc)
+    cpu = oracle_in_subprocess(work, flavor, steps, seq_len, batch, nproc, timeout)
     t1 = time.perf_counter()
-    tpu, log = titan_on_tpu(work, args, nproc, timeout)
+    tpu, log = titan_on_tpu(work, titan_args(work, flavor, steps, seq_len, batch), nproc, timeout)
     t2 = time.perf_counter()
     if len(tpu) != steps:
         raise RuntimeError(f"expected {steps} logged steps, found {len(tpu)}:\n{log[-4000:]}")
@@ -207,7 +237,14 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--work", default=None)
+    ap.add_argument(
+        "--oracle", action="store_true", help="only the CPU oracle (in --work, assets built); prints its losses as JSON"
+    )
     a = ap.parse_args()
+    if a.oracle:
+        args = titan_args(a.work, a.flavor, a.steps, a.seq_len, a.batch)
+        print(json.dumps(cpu_oracle(a.work, args, a.steps, a.nproc)))
+        return
     r = run(a.work, a.nproc, a.steps, a.flavor, a.seq_len, a.batch)
     print(f"{'step':>4} {'cpu oracle':>12} {'torchtitan tpu':>15} {'rel diff':>10}")
     for i, (c, t) in enumerate(zip(r["cpu"], r["tpu"]), 1):
