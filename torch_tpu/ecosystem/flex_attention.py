@@ -55,6 +55,24 @@ def _flat_vmap(fn, tensors: list[torch.Tensor], buffers: tuple):
     return out.reshape(shape)
 
 
+def _is_identity(score_mod) -> bool:
+    """Whether `score_mod` returns its score unchanged (PyTorch's default, or its traced graph)."""
+    from torch.nn.attention.flex_attention import _identity
+
+    if score_mod is _identity:
+        return True
+    if not isinstance(score_mod, torch.fx.GraphModule):
+        return False
+    nodes = list(score_mod.graph.nodes)
+    ph = [n for n in nodes if n.op == "placeholder"]
+    if not ph or len(nodes) != len(ph) + 1 or nodes[-1].op != "output":
+        return False
+    ret = nodes[-1].args[0]
+    if isinstance(ret, (tuple, list)) and len(ret) == 1:
+        ret = ret[0]
+    return ret is ph[0]
+
+
 def _check_mask(block_mask: tuple, query: torch.Tensor, key: torch.Tensor) -> None:
     """The block mask's batch and head dims must broadcast to the query's."""
     kv_num = block_mask[_KV_NUM]
@@ -154,7 +172,8 @@ def _block_scores(q_blk, k_cols, q0, q1, cols, valid, partial, score_mod, mask_m
     h = torch.arange(H, device=dev, dtype=torch.int32).view(1, H, 1, 1)
     qi = torch.arange(q0, q1, device=dev, dtype=torch.int32).view(1, 1, -1, 1)
     ki = cols.to(torch.int32).unsqueeze(2)
-    s = _flat_vmap(score_mod, [s, b, h, qi, ki], sbuf).to(wd)
+    if not _is_identity(score_mod):
+        s = _flat_vmap(score_mod, [s, b, h, qi, ki], sbuf).to(wd)
     keep = valid.unsqueeze(2)
     if bool(partial.any()):
         mm = _flat_vmap(mask_mod, [b, h, qi, ki], mbuf)
@@ -329,6 +348,38 @@ def flex_backward(
     return dq, dk, dv, tuple(buf_grads)
 
 
+def flex_autocast(
+    query,
+    key,
+    value,
+    score_mod,
+    block_mask,
+    scale,
+    kernel_options,
+    score_mod_other_buffers=(),
+    mask_mod_other_buffers=(),
+):
+    """Forward HOP under ``torch.autocast("tpu")``: q, k, v cast to the autocast dtype, then the
+    HOP again with tpu autocast excluded (what PyTorch registers for CPU and CUDA autocast)."""
+    from torch._higher_order_ops.flex_attention import flex_attention
+    from torch.amp.autocast_mode import _cast
+
+    dtype = torch.get_autocast_dtype("tpu")
+    query, key, value = (_cast(t, "tpu", dtype) for t in (query, key, value))
+    with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(DispatchKey.AutocastPrivateUse1)):
+        return flex_attention(
+            query,
+            key,
+            value,
+            score_mod,
+            block_mask,
+            scale,
+            kernel_options,
+            score_mod_other_buffers,
+            mask_mod_other_buffers,
+        )
+
+
 def _allow_tpu_device() -> None:
     """Wraps ``flex_attention._validate_device`` so that tpu tensors pass (the one patch)."""
     import torch.nn.attention.flex_attention as fa
@@ -354,6 +405,10 @@ def install() -> None:
 
     if DispatchKey.PrivateUse1 not in flex_attention.py_kernels:
         flex_attention.py_impl(DispatchKey.PrivateUse1)(flex_forward)
+    if DispatchKey.AutocastPrivateUse1 not in flex_attention.py_kernels:
+        flex_attention.py_impl(DispatchKey.AutocastPrivateUse1)(flex_autocast)
     if DispatchKey.PrivateUse1 not in flex_attention_backward.py_kernels:
         flex_attention_backward.py_impl(DispatchKey.PrivateUse1)(flex_backward)
+    # autocast passes the backward HOP through, as PyTorch does for CPU and CUDA autocast
+    flex_attention_backward.fallthrough(DispatchKey.AutocastPrivateUse1)
     _allow_tpu_device()

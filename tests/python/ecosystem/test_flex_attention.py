@@ -209,3 +209,25 @@ def test_other_devices_keep_pytorchs_check():
     q = torch.empty(1, 1, 8, 8, device="meta")
     with pytest.raises(ValueError, match="FlexAttention is only supported on"):
         flex_attention(q, q, q)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_autocast_bfloat16(compiled):
+    """Under torch.autocast("tpu", bfloat16) q, k, v are cast to bf16 (as CPU/CUDA autocast do):
+    the output equals CPU flex_attention on bf16 inputs; gradients come back in float32."""
+    q, k, v = _inputs()
+    cpu = flex_attention(
+        *(x.bfloat16() for x in (q, k, v)), block_mask=create_block_mask(_causal, B, None, L, L, device="cpu")
+    )
+    qt, kt, vt = (x.to("tpu").requires_grad_() for x in (q, k, v))
+    bm = create_block_mask(_causal, B, None, L, L, device="tpu")
+    fn = torch.compile(flex_attention, backend="tpu") if compiled else flex_attention
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        out = fn(qt, kt, vt, block_mask=bm)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.cpu(), cpu, atol=1.6e-2, rtol=1.6e-2)
+    out.float().sum().backward()
+    qc = q.clone().requires_grad_()
+    _ref(qc, k, v, _causal).sum().backward()
+    assert qt.grad.dtype == torch.float32
+    torch.testing.assert_close(qt.grad.cpu().double(), qc.grad.double(), atol=5e-2, rtol=5e-2)
