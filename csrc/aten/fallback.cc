@@ -28,6 +28,7 @@
 #include "aten/op_cost.h"
 #include "aten/op_info.h"
 #include "aten/portability.h"
+#include "aten/random_ops.h"
 #include "defer/defer.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -51,16 +52,35 @@ struct QueuedArg {
   std::vector<std::optional<TensorRecipe>> tensors;
 };
 
-// The host engine random kernels use for a tpu op's Generator argument.
-IValue host_generator(const IValue& v, c10::DeviceIndex device, const std::string& op) {
+// What a tpu op's Generator argument becomes in queued work: the host engine
+// random kernels draw from (TORCH_TPU_RNG=cpu), or the op's reserved philox
+// positions (see philox_generator_arg).
+IValue host_generator(const IValue& v, c10::DeviceIndex device, const c10::OperatorHandle& op,
+                      c10::ArrayRef<IValue> args, const std::string& label) {
   at::Generator gen = v.isNone() ? default_generator(device) : v.toGenerator();
-  TORCH_CHECK(gen.device().type() == kTPU, op, ": expected a generator on tpu, got one on ", gen.device());
-  return IValue(at::check_generator<TPUGeneratorImpl>(gen)->host_engine());
+  TORCH_CHECK(gen.device().type() == kTPU, label, ": expected a generator on tpu, got one on ", gen.device());
+  auto* impl = at::check_generator<TPUGeneratorImpl>(gen);
+  if (impl->kind() == RngKind::kCpu) return IValue(impl->host_engine());
+  return philox_generator_arg(*impl, op, args);
+}
+
+bool holds_philox_arg(const std::vector<QueuedArg>& args) {
+  for (const auto& q : args)
+    if (q.kind == QueuedArg::Kind::kValue && is_philox_arg(q.value)) return true;
+  return false;
+}
+
+// The CPU kernel, or the philox kernel for ops whose positions were reserved.
+void call_host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, at::Float32MatmulPrecision precision,
+                      bool philox) {
+  if (philox) return run_philox_op(op, stack);
+  call_with_matmul_precision(op, stack, precision);
 }
 
 // Converts the op's arguments into queued form; validates devices.
-std::vector<QueuedArg> queue_args(const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args, DeviceCheck& check,
+std::vector<QueuedArg> queue_args(const c10::OperatorHandle& handle, c10::ArrayRef<IValue> args, DeviceCheck& check,
                                   const std::string& op) {
+  const c10::FunctionSchema& schema = handle.schema();
   std::vector<QueuedArg> out(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     const IValue& v = args[i];
@@ -102,7 +122,7 @@ std::vector<QueuedArg> queue_args(const c10::FunctionSchema& schema, c10::ArrayR
   c10::DeviceIndex device = check.index();
   for (size_t i = 0; i < args.size(); ++i) {
     if (is_generator_arg(schema.arguments()[i])) {
-      out[i].value = host_generator(args[i], device, op);
+      out[i].value = host_generator(args[i], device, handle, args, op);
     } else if (out[i].kind == QueuedArg::Kind::kValue) {
       out[i].value = map_device(out[i].value, c10::kCPU);
     }
@@ -204,7 +224,8 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   c10::ArrayRef<IValue> args(&*(stack->end() - num_args), num_args);
 
   DeviceCheck check(label);
-  auto queued = queue_args(schema, args, check, label);
+  auto queued = queue_args(op, args, check, label);
+  const bool philox = holds_philox_arg(queued);
   c10::DeviceIndex device = check.index();
 
   // Shapes, strides and argument errors come from the meta kernel, here.
@@ -283,7 +304,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     std::optional<c10::OperatorHandle> out_op;
     const bool exact_cpu_kernel =
         precision == at::Float32MatmulPrecision::HIGHEST && at::globalContext().float32MatmulPrecision() == precision;
-    if (!fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
+    if (!philox && !fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
         (exact_cpu_kernel || !info.matmul)) {
       out_op = info.out_variant;
     }
@@ -300,11 +321,11 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       return;
     }
     stream.enqueue_named(label.c_str(), [op, queued = std::move(queued), fresh = std::move(fresh),
-                                         fresh_slot = std::move(fresh_slot), precision] {
+                                         fresh_slot = std::move(fresh_slot), precision, philox] {
       AliasBuilder host(c10::kCPU);
       auto cpu = build_stack(queued, host);
       at::AutoDispatchBelowADInplaceOrView below_autograd;
-      call_with_matmul_precision(op, &cpu, precision);
+      call_host_kernel(op, &cpu, precision, philox);
       for (size_t i = 0; i < fresh.size(); ++i) {
         auto [r, k] = fresh_slot[i];
         const IValue& v = cpu[r];
@@ -384,7 +405,8 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
   const size_t num_args = schema.arguments().size();
   std::vector<IValue> args(stack->end() - num_args, stack->end());
   DeviceCheck check(label);
-  auto queued = queue_args(schema, args, check, label);
+  auto queued = queue_args(op, args, check, label);
+  const bool philox = holds_philox_arg(queued);
   c10::DeviceIndex device = check.index();
   synchronize_device(device);
 
@@ -403,7 +425,7 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
   const auto precision = effective_matmul_precision();
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    call_with_matmul_precision(op, &cpu, precision);
+    call_host_kernel(op, &cpu, precision, philox);
   }
   for (size_t i = 0; i < num_args; ++i) {
     if (!is_out[i]) continue;

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "aten/op_info.h"
+#include "aten/random_ops.h"
 #include "defer/region.h"
 #include "defer/region_launch.h"
 #include "exec/executor.h"
@@ -131,11 +132,20 @@ void draw_masks(const std::vector<Param>& params, std::vector<std::unique_ptr<ui
     if (!params[k].rng) continue;
     const int64_t n = ir::numel(params[k].rng->shape);
     masks[k].reset(new uint8_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
-    if (params[k].rng->draw)
-      draw_bernoulli_mask(params[k].rng->gen, params[k].rng->p, masks[k].get(), n);
+    const RngDraw& rng = *params[k].rng;
+    if (rng.draw && rng.philox)
+      philox_bernoulli_mask(rng.seed, rng.offset, rng.p, masks[k].get(), n);
+    else if (rng.draw)
+      draw_bernoulli_mask(rng.gen, rng.p, masks[k].get(), n);
     else
       std::memset(masks[k].get(), 0, static_cast<size_t>(n));
   }
+}
+
+bool philox_only(const std::vector<Param>& params) {
+  for (const auto& p : params)
+    if (p.rng && !p.rng->philox) return false;
+  return true;
 }
 
 void run_region(RunState& s) {
@@ -430,9 +440,10 @@ void flush_locked(ChipState& cs, Reason why) {
       if (!dump_dir().empty()) dump_region(ctx->graph, launch, *ctx);
       stream.enqueue_named(region_event_name(ctx->graph), [run] { run_region(*run); });
     }
-  } else if (r->rng_params) {
+  } else if (r->rng_params && !philox_only(r->params)) {
     // Nothing it computes is used, but strict mode would have drawn its
-    // random numbers: the generator advances the same way.
+    // random numbers: the generator advances the same way (philox
+    // generators advanced when the ops were recorded).
     vtpu_stream(r->stream).enqueue_named("defer_and_fuse region (random draws)", [params = r->params] {
       std::vector<std::unique_ptr<uint8_t[]>> masks;
       draw_masks(params, masks);

@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 #include <sys/mman.h>
 
+#include <tuple>
+
 #include "aten/meta_cache.h"
 #include "aten/op_info.h"
 #include "aten/portability.h"
@@ -12,6 +14,7 @@
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/eager_mode.h"
+#include "runtime/generator.h"
 #include "vtpu/env.h"
 
 namespace torch_tpu {
@@ -184,6 +187,12 @@ class SiteSink final : public ScalarSink {
     ValueId m = b.parameter(ir::ElementType::pred, shape);
     Param param;
     param.rng = RngDraw{gen, p, shape, true};
+    auto* impl = at::check_generator<TPUGeneratorImpl>(gen);
+    if (impl->kind() == RngKind::kPhilox) {
+      // Reserved now, in program order, as strict mode reserves them when it queues the op.
+      param.rng->philox = true;
+      std::tie(param.rng->seed, param.rng->offset) = impl->reserve(static_cast<uint64_t>(ir::numel(shape)));
+    }
     r_.params.push_back(std::move(param));
     if (r_.rng_params++ == 0) g_rng_regions.fetch_add(1);
     return m;
@@ -368,8 +377,13 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
   if (!lowered) {
     // The op runs strictly and draws its own numbers: masks its lowering
     // added must not draw (their parameters stay, unused).
-    for (size_t k = params_before; k < r.params.size(); ++k)
-      if (r.params[k].rng) r.params[k].rng->draw = false;
+    for (size_t k = params_before; k < r.params.size(); ++k) {
+      auto& rng = r.params[k].rng;
+      if (!rng || !rng->draw) continue;
+      rng->draw = false;
+      // Its positions go back: the strict op reserves its own.
+      if (rng->philox) at::check_generator<TPUGeneratorImpl>(rng->gen)->set_offset(rng->offset);
+    }
     r.value_op.resize(static_cast<size_t>(r.builder.graph().num_ops()), -1);
     count_fallback();
     return false;

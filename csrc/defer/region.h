@@ -90,6 +90,9 @@ struct RngDraw {
   double p = 0.5;
   ir::Shape shape;
   bool draw = true;  // false: zeros (the op that asked for it ran strictly)
+  // TORCH_TPU_RNG=philox: the positions reserved when the op was recorded.
+  bool philox = false;
+  uint64_t seed = 0, offset = 0;
 };
 
 struct Param {

@@ -204,6 +204,8 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_empty_cache", [] { tpu_allocator().emptyCache(); }, py::call_guard<py::gil_scoped_release>());
   m.def("_reset_peak_memory_stats", [](int i) { translate_errors([&] { tpu_allocator().resetPeakStats(i); }); });
+  m.def("_rng_kind",
+        [] { return translate_errors([] { return std::string(rng_kind() == RngKind::kCpu ? "cpu" : "philox"); }); });
   m.def("_default_generator", [](int i) {
     return py::reinterpret_steal<py::object>(
         THPGenerator_initDefaultGenerator(translate_errors([&] { return default_generator(i); })));

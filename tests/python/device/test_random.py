@@ -1,8 +1,10 @@
 """Random number generation: one generator per chip, seeding, state round trips.
 
-The vTPU draws random numbers with a host Philox/MT engine per chip, the same one
-the CPU uses, so a tpu generator seeded with s produces exactly what a CPU
-generator seeded with s produces: that is the oracle here.
+Each chip has a counter-based (Philox) generator, as CUDA: its numbers differ from CPU
+PyTorch's, so the oracles here are reproducibility (the same seed or state draws the same
+values), independence per chip and generator, and the support of each distribution.
+tests/python/device/test_random_philox.py checks the stream itself (state layout,
+offsets, distributions) and the CPU-identical stream of TORCH_TPU_RNG=cpu.
 """
 
 import pytest
@@ -28,35 +30,65 @@ def test_manual_seed_reproducible():
     assert torch.tpu.initial_seed() == 123
 
 
+def run_op(op, device):
+    if op == "randn":
+        return torch.randn(4, 5, device=device)
+    if op == "rand":
+        return torch.rand(7, device=device)
+    if op == "randint":
+        return torch.randint(0, 100, (10,), device=device)
+    if op == "normal_":
+        return torch.empty(8, device=device).normal_(2.0, 3.0)
+    if op == "uniform_":
+        return torch.empty(3, 3, device=device).uniform_(-1, 1)
+    if op == "bernoulli":
+        return torch.bernoulli(torch.full((16,), 0.3, device=device))
+    if op == "dropout":
+        return torch.nn.functional.dropout(torch.ones(20, device=device), p=0.5)
+    if op == "randperm":
+        return torch.randperm(12, device=device)
+    if op == "multinomial":
+        return torch.multinomial(torch.tensor([0.1, 0.2, 0.7], device=device), 5, replacement=True)
+    raise AssertionError(op)
+
+
+def in_support(op, x):
+    """Whether every value is one the op can draw (dtype and shape as CPU's op gives them)."""
+    cpu = run_op(op, "cpu")
+    if x.dtype != cpu.dtype or x.shape != cpu.shape:
+        return False
+    if op == "rand":
+        return bool(((x >= 0) & (x < 1)).all())
+    if op == "uniform_":
+        return bool(((x >= -1) & (x < 1)).all())
+    if op == "randint":
+        return bool(((x >= 0) & (x < 100)).all())
+    if op == "bernoulli":
+        return bool(((x == 0) | (x == 1)).all())
+    if op == "dropout":
+        return bool(((x == 0) | (x == 2)).all())
+    if op == "randperm":
+        return torch.equal(x.sort().values, torch.arange(12))
+    if op == "multinomial":
+        return bool(((x >= 0) & (x < 3)).all())
+    return bool(torch.isfinite(x).all())
+
+
 @pytest.mark.parametrize("op", ["randn", "rand", "randint", "normal_", "uniform_", "bernoulli", "dropout",
                                 "randperm", "multinomial"])
-def test_random_ops_match_cpu_with_same_seed(op):
-    def run(device):
-        if op == "randn":
-            return torch.randn(4, 5, device=device)
-        if op == "rand":
-            return torch.rand(7, device=device)
-        if op == "randint":
-            return torch.randint(0, 100, (10,), device=device)
-        if op == "normal_":
-            return torch.empty(8, device=device).normal_(2.0, 3.0)
-        if op == "uniform_":
-            return torch.empty(3, 3, device=device).uniform_(-1, 1)
-        if op == "bernoulli":
-            return torch.bernoulli(torch.full((16,), 0.3, device=device))
-        if op == "dropout":
-            return torch.nn.functional.dropout(torch.ones(20, device=device), p=0.5)
-        if op == "randperm":
-            return torch.randperm(12, device=device)
-        if op == "multinomial":
-            return torch.multinomial(torch.tensor([0.1, 0.2, 0.7], device=device), 5, replacement=True)
-        raise AssertionError(op)
-
+def test_random_ops_reproducible_with_same_seed(op):
     torch.manual_seed(2024)  # seeds the CPU and every tpu generator
-    expected = run("cpu")
+    first = run_op(op, "tpu").cpu()
     torch.manual_seed(2024)
-    got = run("tpu").cpu()
-    assert torch.equal(got, expected), (got, expected)
+    again = run_op(op, "tpu").cpu()
+    assert torch.equal(again, first), (again, first)
+    assert in_support(op, first), first
+    # Another seed draws other values (all but certain for these sizes).
+    others = []
+    for seed in (1, 2, 3):
+        torch.manual_seed(seed)
+        others.append(run_op(op, "tpu").cpu())
+    assert any(not torch.equal(o, first) for o in others)
 
 
 def test_torch_manual_seed_seeds_all_chips():
@@ -77,12 +109,13 @@ def test_manual_seed_only_current_chip():
 
 
 def test_manual_seed_all():
+    # The same seed on every chip gives every chip the same stream (as CUDA).
     torch.tpu.manual_seed_all(77)
     draws = [draw(f"tpu:{i}") for i in (0, 1, 5)]
-    torch.manual_seed(77)
-    cpu = torch.randn(6)
+    torch.tpu.manual_seed(77)
+    ref = draw("tpu:0")
     for d in draws:
-        assert torch.equal(d, cpu)
+        assert torch.equal(d, ref)
 
 
 def test_rng_state_round_trip():
@@ -139,13 +172,16 @@ def test_seed_then_reproduce():
 @pytest.mark.parametrize("how", ["tpu.manual_seed", "torch.manual_seed", "tpu.manual_seed_all",
                                  "tpu.set_rng_state"])
 def test_seed_applies_to_ops_queued_after_it(gate, how):
-    # Seeding waits for queued work, so ops issued before it keep the old stream of numbers.
+    # Seeding applies between the ops issued before and after it, however far the chip lags:
+    # the generator reserves an op's numbers when the op is issued, so seeding and reading
+    # the state need not wait for the chip (the gate stays closed throughout).
+    torch.tpu.manual_seed(2)
+    expected_after = draw()
     torch.tpu.manual_seed(1)
     expected_before = draw()
     torch.tpu.manual_seed(1)
     y = gate(torch.zeros(2, device="tpu"))
     before = torch.randn(6, device="tpu")
-    gate.open_after(0.1)
     if how == "tpu.manual_seed":
         torch.tpu.manual_seed(2)
     elif how == "torch.manual_seed":
@@ -153,10 +189,11 @@ def test_seed_applies_to_ops_queued_after_it(gate, how):
     elif how == "tpu.manual_seed_all":
         torch.tpu.manual_seed_all(2)
     else:
-        torch.tpu.set_rng_state(torch.Generator().manual_seed(2).get_state())
+        torch.tpu.set_rng_state(torch.Generator(device="tpu").manual_seed(2).get_state())
     after = torch.randn(6, device="tpu")
-    expected_after = torch.randn(6, generator=torch.Generator().manual_seed(2))
-    assert gate.log == [True]
+    torch.tpu.get_rng_state()
+    assert gate.log == []  # nothing waited for the queued work
+    gate.open()
     assert torch.equal(before.cpu(), expected_before)
     assert torch.equal(after.cpu(), expected_after)
     del y
@@ -197,9 +234,11 @@ def test_generator_object():
     b = draw(generator=g)
     # Drawing from g leaves the default generator alone.
     assert torch.equal(torch.tpu.get_rng_state(), default_state)
-    cpu_gen = torch.Generator().manual_seed(5)
-    assert torch.equal(a, torch.randn(6, generator=cpu_gen))
-    assert torch.equal(b, torch.randn(6, generator=cpu_gen))
+    # Another generator with the same seed draws the same stream; the default one, seeded alike, too.
+    other = torch.Generator(device="tpu").manual_seed(5)
+    assert torch.equal(a, draw(generator=other))
+    assert torch.equal(b, draw(generator=other))
+    assert not torch.equal(a, b)
     g.manual_seed(5)
     state = g.get_state()
     assert torch.equal(draw(generator=g), a)
@@ -212,7 +251,10 @@ def test_generator_on_other_chip():
     g = torch.Generator(device="tpu:2").manual_seed(9)
     assert g.device == torch.device("tpu", 2)
     x = torch.rand(5, device="tpu:2", generator=g).cpu()
-    assert torch.equal(x, torch.rand(5, generator=torch.Generator().manual_seed(9)))
+    assert torch.equal(x, torch.rand(5, device="tpu:0", generator=torch.Generator(device="tpu").manual_seed(9)).cpu())
+    g.manual_seed(9)
+    y = torch.empty(5, device="tpu:2").uniform_(generator=g).cpu()
+    assert torch.equal(x, y)
 
 
 def test_cpu_generator_rejected_for_tpu_op():

@@ -558,6 +558,99 @@ def scenario_dtensor():
     write(results)
 
 
+def scenario_dtensor_random():
+    """DTensor random ops on shards equal the same ops drawn whole on one chip (philox)."""
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import rand as drand
+    from torch.distributed.tensor import randn as drandn
+
+    dev = init()
+    mesh = init_device_mesh("tpu", (WORLD,))
+    results = {}
+
+    def whole(seed, draw):
+        # The reference: the same op on a plain tensor of the whole shape, and the state after it.
+        torch.manual_seed(seed)
+        out = draw().cpu()
+        return out, torch.tpu.get_rng_state()
+
+    def same(name, seed, sharded, reference):
+        torch.manual_seed(seed)
+        got = sharded().full_tensor().cpu()
+        state = torch.tpu.get_rng_state()
+        want, want_state = whole(seed, reference)
+        results[name] = bool(torch.equal(got, want)) and bool(torch.equal(state, want_state))
+
+    for placement in (Shard(0), Replicate()):
+        tag = type(placement).__name__
+        same(
+            f"randn_{tag}",
+            1,
+            lambda p=placement: drandn(8, 12, device_mesh=mesh, placements=[p]),
+            lambda: torch.randn(8, 12, device=dev),
+        )
+        same(
+            f"rand_{tag}",
+            2,
+            lambda p=placement: drand(16, 4, device_mesh=mesh, placements=[p]),
+            lambda: torch.rand(16, 4, device=dev),
+        )
+        zeros = torch.zeros(8, 12)
+        same(
+            f"uniform_{tag}",
+            3,
+            lambda p=placement, z=zeros: distribute_tensor(z.to(dev), mesh, [p]).uniform_(-2, 2),
+            lambda: torch.zeros(8, 12, device=dev).uniform_(-2, 2),
+        )
+        same(
+            f"normal_{tag}",
+            4,
+            lambda p=placement, z=zeros: distribute_tensor(z.to(dev), mesh, [p]).normal_(1, 3),
+            lambda: torch.zeros(8, 12, device=dev).normal_(1, 3),
+        )
+        same(
+            f"rand_like_{tag}",
+            5,
+            lambda p=placement, z=zeros: torch.rand_like(distribute_tensor(z.to(dev), mesh, [p])),
+            lambda z=zeros: torch.rand_like(z.to(dev)),
+        )
+        same(
+            f"bernoulli_{tag}",
+            6,
+            lambda p=placement, z=zeros: distribute_tensor(z.to(dev), mesh, [p]).bernoulli_(0.4),
+            lambda: torch.zeros(8, 12, device=dev).bernoulli_(0.4),
+        )
+
+    # nn.init on a DTensor parameter (the FSDP / TorchTitan initialisation path), then one
+    # more draw: the offsets of both paths stay in step.
+    def init_param(w):
+        nn.init.trunc_normal_(w, std=0.02)
+        nn.init.normal_(w.data[:0])  # an empty draw moves nothing
+        return w
+
+    torch.manual_seed(7)
+    w = nn.Parameter(distribute_tensor(torch.empty(16, 8, device=dev), mesh, [Shard(0)]))
+    with torch.no_grad():
+        init_param(w)
+    after = torch.rand(4, device=dev).cpu()
+    got = w.full_tensor().detach().cpu()
+    torch.manual_seed(7)
+    ref = torch.empty(16, 8, device=dev)
+    with torch.no_grad():
+        init_param(ref)
+    results["nn_init"] = bool(torch.equal(got, ref.cpu()))
+    results["after_init"] = bool(torch.equal(after, torch.rand(4, device=dev).cpu()))
+    # Shards differ from each other (each rank draws its own slice).
+    local = drandn(4 * WORLD, 4, device_mesh=mesh, placements=[Shard(0)]).to_local().cpu()
+    gathered = [torch.empty_like(local) for _ in range(WORLD)]
+    dist.all_gather_object(gathered, local)
+    results["shards_differ"] = WORLD == 1 or not torch.equal(gathered[0], gathered[1])
+    dist.destroy_process_group()
+    write(results)
+
+
 # ------------------------------------------------------------------ failures
 
 def scenario_kill():
