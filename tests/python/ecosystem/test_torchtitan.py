@@ -46,8 +46,8 @@ def test_one_process(tmp_path):
 @pytest.mark.skipif(
     not _counter_based_generator(),
     reason="FSDP initialises DTensor parameters with random ops, which need the tpu generator's 16-byte "
-    "(seed, offset) Philox state (torch/distributed/tensor/_random.py _PhiloxState); the counter-based "
-    "generator is issue 15's other half",
+    "(seed, offset) Philox state (torch/distributed/tensor/_random.py _PhiloxState); TORCH_TPU_RNG=cpu "
+    "selects the mt19937 stream",
 )
 def test_two_processes_fsdp(tmp_path):
     r = _train(tmp_path, 2)
