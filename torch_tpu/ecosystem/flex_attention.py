@@ -302,7 +302,7 @@ def flex_backward(
     grad_bufs = [i for i, b in enumerate(score_mod_other_buffers) if isinstance(b, torch.Tensor) and b.requires_grad]
     dk = torch.zeros_like(key, memory_format=torch.contiguous_format)
     dv = torch.zeros_like(value, memory_format=torch.contiguous_format)
-    dbuf = [torch.zeros_like(score_mod_other_buffers[i]) for i in grad_bufs]
+    dbuf = [torch.zeros_like(score_mod_other_buffers[i], memory_format=torch.contiguous_format) for i in grad_bufs]
     plan = _Plan(block_mask, B, Hq, Lq, Lkv, query.device)
     mask_mod = block_mask[-1]
     with _autograd_on():
@@ -345,6 +345,10 @@ def flex_backward(
     buf_grads = [None] * len(score_mod_other_buffers)
     for j, i in enumerate(grad_bufs):
         buf_grads[i] = dbuf[j]
+    from torch._higher_order_ops.flex_attention import _permute_strides
+
+    # the layouts PyTorch's fake kernel promises (compiled backward graphs view them accordingly)
+    dq, dk, dv = (_permute_strides(g, x.stride()) for g, x in ((dq, query), (dk, key), (dv, value)))
     return dq, dk, dv, tuple(buf_grads)
 
 

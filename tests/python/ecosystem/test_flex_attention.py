@@ -231,3 +231,26 @@ def test_autocast_bfloat16(compiled):
     _ref(qc, k, v, _causal).sum().backward()
     assert qt.grad.dtype == torch.float32
     torch.testing.assert_close(qt.grad.cpu().double(), qc.grad.double(), atol=5e-2, rtol=5e-2)
+
+
+def test_compiled_gradients_keep_the_query_layout():
+    """Projections of shape (B, L, H*D) viewed as (B, L, H, D) and transposed for flex_attention (as
+    TorchTitan's attention does), compiled with the backward: the gradients have the strides
+    PyTorch's fake kernel promises, so the compiled backward's views of them hold."""
+    b, n, h, d = 2, 64, 4, 16
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(b, n, h * d, generator=g) for _ in range(3)]
+    bm = create_block_mask(_causal, b, None, n, n, device="tpu")
+
+    def heads(t):
+        return t.view(b, n, h, d).transpose(1, 2)
+
+    def block(x, y, z):
+        return flex_attention(heads(x), heads(y), heads(z), block_mask=bm).transpose(1, 2)
+
+    ts = [x.to("tpu").requires_grad_() for x in xs]
+    torch.compile(block, backend="tpu")(*ts).sum().backward()
+    cs = [x.double().requires_grad_() for x in xs]
+    _ref(*(heads(c) for c in cs), _causal).sum().backward()
+    for t, c in zip(ts, cs):
+        torch.testing.assert_close(t.grad.cpu().double(), c.grad, atol=1e-4, rtol=1e-4)
