@@ -135,11 +135,12 @@ def test_bfloat16_within_cpu_tolerance():
 
 def test_no_mask_and_lse():
     q, k, v = _inputs()
-    out, aux = flex_attention(*(x.to("tpu") for x in (q, k, v)), return_aux=AuxRequest(lse=True))
+    out, aux = flex_attention(*(x.to("tpu") for x in (q, k, v)), return_aux=AuxRequest(lse=True, max_scores=True))
     lse = aux.lse
     s = q.double() @ k.double().transpose(-1, -2) / math.sqrt(E)
     torch.testing.assert_close(out.cpu().double(), torch.softmax(s, -1) @ v.double(), atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(lse.cpu().double(), torch.logsumexp(s, -1), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(aux.max_scores.cpu().double(), s.amax(-1), atol=2e-5, rtol=2e-5)
 
 
 def test_block_sparsity_is_honoured():
