@@ -32,6 +32,7 @@ import math
 
 import torch
 from torch._C import DispatchKey
+from torch._higher_order_ops.flex_attention import _permute_strides
 
 _LN2 = math.log(2.0)
 # BlockMask.as_tuple() (torch 2.13): q_len, kv_len, kv_num_blocks, kv_indices,
@@ -197,7 +198,6 @@ def flex_forward(
     Raises:
         ValueError: the block mask's batch or head count does not broadcast to the query's.
     """
-    from torch._higher_order_ops.flex_attention import _permute_strides
 
     _check_mask(block_mask, query, key)
     B, Hq, Lq, _ = query.shape
@@ -345,7 +345,6 @@ def flex_backward(
     buf_grads = [None] * len(score_mod_other_buffers)
     for j, i in enumerate(grad_bufs):
         buf_grads[i] = dbuf[j]
-    from torch._higher_order_ops.flex_attention import _permute_strides
 
     # the layouts PyTorch's fake kernel promises (compiled backward graphs view them accordingly)
     dq, dk, dv = (_permute_strides(g, x.stride()) for g, x in ((dq, query), (dk, key), (dv, value)))
