@@ -56,6 +56,10 @@ except Exception as _e:  # noqa: BLE001  (a broken Dynamo must not break `import
 
     _warnings.warn(f"torch_tpu: torch.compile backend 'tpu' not registered: {_e}", stacklevel=2)
 
+from . import ecosystem as _ecosystem  # noqa: E402
+
+_ecosystem.install()  # flex_attention on tpu (torch_tpu/ecosystem/)
+
 from ._version import __version__  # noqa: E402
 
 
