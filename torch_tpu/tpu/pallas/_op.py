@@ -333,7 +333,7 @@ class _Spec:
         except Exception as e:  # noqa: BLE001
             if isinstance(e, (TypeError, ValueError)) and not isinstance(e, jax.errors.JaxRuntimeError):
                 raise self.rejected(arrays, statics, e) from e
-            raise RuntimeError(f"{self.name}: the JAX function {self.fn.__name__} failed: {e}") from e
+            raise RuntimeError(f"{self.name}: the JAX function {self.fn.__name__} failed: {_short(e)}") from e
         inputs = list(_tensors(arrays))
         return self.pack([self.to_torch(o, inputs) for o in flat])
 
@@ -359,6 +359,15 @@ class _Spec:
             if xlo < hi and lo < xlo + x.numel() * x.element_size():
                 return t.clone()
         return t
+
+
+def _short(e: Exception) -> str:
+    """A JAX runtime error without the Python traceback of the callback that raised it:
+    its first line and the exception's own last line."""
+    lines = [ln for ln in str(e).split("\n\nAt:")[0].strip().splitlines() if ln.strip()]
+    if len(lines) <= 2:
+        return " ".join(lines)
+    return f"{lines[0].split('Traceback')[0].strip()} ... {lines[-1].strip()}"
 
 
 def _named_tensors(arrays: dict[str, Any]):
