@@ -85,6 +85,12 @@ def interpret():
         yield
 
 
+# Process-wide as well: callers that build their pallas_call ahead of time, outside any
+# registered op (Helion's launcher does), read the setting when they build it. JAX has only
+# its CPU backend here, where a pallas_call runs in interpret mode or not at all.
+_pltpu.set_tpu_interpret_mode(_params())
+
+
 def races_found() -> bool:
     """Whether the race detector (TORCH_TPU_PALLAS_DETECT_RACES=1) saw a data race."""
     from jax._src.pallas.mosaic.interpret import interpret_pallas_call as ipc
