@@ -208,6 +208,22 @@ def test_matmul_with_vmem_accumulator():
     torch.testing.assert_close(small.cpu(), a[:128, :128] @ b[:128, :128], rtol=1e-4, atol=1e-3)
 
 
+def test_profiler_device_track_shows_the_kernel_at_its_estimate():
+    from torch.profiler import ProfilerActivity, profile
+
+    a, b = (t.to("tpu") for t in _inputs(256, 256, seed=5))
+    pallas_matmul(a, b)
+    torch.tpu.synchronize()
+    torch_tpu.runtime.reset_stats()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+        pallas_matmul(a, b)
+        torch.tpu.synchronize()
+    rows = {e.key: e for e in prof.key_averages()}
+    device = rows["tpu::pallas_test::matmul"]
+    assert device.count == 1
+    assert device.self_device_time_total == pytest.approx(torch_tpu.runtime.stats()["device_seconds"] * 1e6, abs=1e-2)
+
+
 def test_multi_output_and_bf16():
     x, y = _inputs(8, 128, dtype=torch.bfloat16)
     s, p = sum_and_product(x.to("tpu"), y.to("tpu"))
