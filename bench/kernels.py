@@ -1,7 +1,7 @@
 """Pallas kernels through torch.tpu.pallas.jax_op on tpu vs the same JAX function on JAX CPU
 arrays (the bridge's overhead) and vs the equivalent PyTorch op on tpu.
 
-Rows: a Pallas matmul (VMEM accumulator, 256-blocks) at 1 MiB and 4 MiB operands, JAX's
+Rows: JAX's Pallas matmul (VMEM accumulator, 256-blocks) at 1 MiB and 4 MiB operands, JAX's
 flash-attention kernel at 1 MiB and 4 MiB q/k/v, and a tiny (8, 128) add for the per-call
 overhead. Both sides run the kernel in Pallas's TPU interpret mode; the bridge adds the queue,
 DLPack and one copy of each output into HBM. Median of --repeats calls after a warm-up.
@@ -10,7 +10,6 @@ DLPack and one copy of each output into HBM. Median of --repeats calls after a w
 """
 
 import argparse
-import functools
 import statistics
 import time
 
@@ -23,32 +22,13 @@ import torch_tpu  # noqa: F401
 jax = _jax.jax()
 jnp = jax.numpy
 from jax.experimental import pallas as pl  # noqa: E402
-from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 from jax.experimental.pallas.ops.tpu import flash_attention as jax_flash  # noqa: E402
-
-
-def _mm_kernel(a_ref, b_ref, o_ref, acc_ref, *, steps):
-    @pl.when(pl.program_id(2) == 0)
-    def _():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
-
-    @pl.when(pl.program_id(2) == steps - 1)
-    def _():
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+from jax.experimental.pallas.ops.tpu import matmul as jax_matmul  # noqa: E402
 
 
 def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-    bm = bk = bn = 256
-    m, k = a.shape
-    n = b.shape[1]
-    grid = (m // bm, n // bn, k // bk)
-    return pl.pallas_call(
-        functools.partial(_mm_kernel, steps=grid[2]), out_shape=jax.ShapeDtypeStruct((m, n), a.dtype), grid=grid,
-        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, s: (i, s)), pl.BlockSpec((bk, bn), lambda i, j, s: (s, j))],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j, s: (i, j)), scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
-    )(a, b)
+    """JAX's own Pallas matmul (``ops.tpu.matmul``: a VMEM accumulator over the K blocks)."""
+    return jax_matmul.matmul(a, b, block_shape=(256, 256), block_k=256)
 
 
 def _add_kernel(x_ref, y_ref, o_ref):

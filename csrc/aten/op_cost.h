@@ -23,8 +23,8 @@ vtpu::OpCost op_cost(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValu
 // the kernel, not the schema): `fn` fills `cost` from the op's arguments and tpu results
 // and returns true, or returns false to have the op priced as any other. Keyed by the
 // schema name ("ns::op"); an empty `fn` removes the entry.
-using CustomOpCostFn = std::function<bool(c10::ArrayRef<c10::IValue> args, const std::vector<at::Tensor>& results,
-                                          vtpu::OpCost* cost)>;
+using CustomOpCostFn =
+    std::function<bool(c10::ArrayRef<c10::IValue> args, const std::vector<at::Tensor>& results, vtpu::OpCost* cost)>;
 void set_custom_op_cost(const std::string& op, CustomOpCostFn fn);
 
 // A copy or fill that moves `bytes_read` and writes `bytes_written` HBM bytes.

@@ -42,9 +42,7 @@ void register_pallas_bindings(py::module_& m) {
         py::object out = (*held)(py_args, py_results);
         if (out.is_none()) return false;
         py::dict d = out.cast<py::dict>();
-        auto get = [&](const char* key, double fallback) {
-          return d.contains(key) ? d[key].cast<double>() : fallback;
-        };
+        auto get = [&](const char* key, double fallback) { return d.contains(key) ? d[key].cast<double>() : fallback; };
         cost->flops = get("flops", 0);
         cost->bytes_read = get("bytes_read", 0);
         cost->bytes_written = get("bytes_written", 0);
