@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch._library.custom_ops import CustomOpDef
 
+from torch_tpu import _C
+
 from . import _cost, _jax
 
 jax = _jax.jax()
@@ -126,6 +128,7 @@ class _Spec:
                             "tuple[jax.Array, ...] or list[jax.Array]")
         try:
             self.ret_kind, tret = _returns(ret)
+            self.n_outputs = len(typing.get_args(tret)) if self.ret_kind == "tuple" else None
         except TypeError as e:
             raise TypeError(f"jax_op({name!r}): {fn.__name__}: {e}") from None
         self.arrays = [n for n, k in self.params if k != "static"]
@@ -308,13 +311,10 @@ class _Spec:
             if dt is None:
                 raise TypeError(f"{self.name}: {self.fn.__name__} returns {s.dtype}, which has no torch dtype here")
             outs.append(like.new_empty(tuple(s.shape), dtype=dt))
-        if self.ret_kind == "tuple" and len(outs) != len(self.schema_outputs()):
+        if self.ret_kind == "tuple" and len(outs) != self.n_outputs:
             raise TypeError(f"{self.name}: {self.fn.__name__} returned {len(outs)} arrays, its annotation says "
-                            f"{len(self.schema_outputs())}")
+                            f"{self.n_outputs}")
         return self.pack(outs)
-
-    def schema_outputs(self) -> list:
-        return torch._C.parse_schema(f"{self.name}{self.schema}").returns
 
     def cpu_kernel(self, *args, **kwargs):
         """Runs the JAX function on host tensors (on a chip's stream: host aliases of HBM)."""
@@ -402,14 +402,8 @@ class JaxOpDef(CustomOpDef):
                 value = arrays.get(spec.params[i][0])
                 for t in value if isinstance(value, (list, tuple)) else (value,):
                     if isinstance(t, torch.Tensor) and t.device.type == "tpu":
-                        torch_tpu_C()._mark_donated(t, spec.name)
+                        _C._mark_donated(t, spec.name)
         return out
-
-
-def torch_tpu_C():
-    from torch_tpu import _C
-
-    return _C
 
 
 _registered: dict[str, JaxOpDef] = {}
