@@ -47,16 +47,36 @@ def stats(device=None) -> dict[str, object]:
     ``ici_seconds`` (estimated: ici_bytes / (links x the generation's per-link bandwidth) plus
     1 us per ring step), ``ici_seconds_by_generation``, ``dcn_bytes`` and ``dcn_seconds``
     (between hosts). They are recorded when the collective runs.
+
+    ``torch.tpu.pallas`` ops (``jax_op``) add ``pallas_calls`` (calls issued on this chip),
+    ``pallas_kernels`` (the ``pallas_call`` kernels they ran), ``pallas_output_copies`` and
+    ``pallas_output_copy_bytes`` (outputs copied once from JAX's buffers into HBM); all 0
+    while the module is not loaded (it is never imported by this function).
     """
+    import sys
+
     index = _index(device)
     out = _C._stats(index)
     out.update(_C._collective_stats(index))
+    pallas = sys.modules.get("torch_tpu.tpu.pallas._cost")
+    keys = ("pallas_calls", "pallas_kernels", "pallas_output_copies", "pallas_output_copy_bytes")
+    out.update(dict.fromkeys(keys, 0))
+    if pallas is not None:
+        with pallas.counters.lock:
+            out.update(pallas.counters.by_chip.get(index, {}))
     return out
 
 
 def reset_stats(device=None) -> None:
     """Zero the counters of :func:`stats` for a chip."""
-    _C._reset_stats(_index(device))
+    import sys
+
+    index = _index(device)
+    _C._reset_stats(index)
+    pallas = sys.modules.get("torch_tpu.tpu.pallas._cost")
+    if pallas is not None:
+        with pallas.counters.lock:
+            pallas.counters.by_chip.pop(index, None)
 
 
 def generations() -> list[dict[str, object]]:

@@ -2,7 +2,10 @@
 
 #include <c10/util/accumulate.h>
 
+#include <atomic>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "aten/portability.h"
 #include "vtpu/layout.h"
@@ -78,9 +81,36 @@ vtpu::OpCost transfer_cost(double bytes_read, double bytes_written) {
   return c;
 }
 
+namespace {
+std::mutex custom_costs_mutex;
+std::unordered_map<std::string, CustomOpCostFn> custom_costs;
+std::atomic<bool> any_custom_cost{false};  // one load on the common path
+
+CustomOpCostFn custom_cost_of(const std::string& name) {
+  if (!any_custom_cost.load(std::memory_order_relaxed)) return {};
+  std::lock_guard<std::mutex> lock(custom_costs_mutex);
+  auto it = custom_costs.find(name);
+  return it == custom_costs.end() ? CustomOpCostFn() : it->second;
+}
+}  // namespace
+
+void set_custom_op_cost(const std::string& op, CustomOpCostFn fn) {
+  std::lock_guard<std::mutex> lock(custom_costs_mutex);
+  if (fn) {
+    custom_costs[op] = std::move(fn);
+  } else {
+    custom_costs.erase(op);
+  }
+  any_custom_cost.store(!custom_costs.empty());
+}
+
 vtpu::OpCost op_cost(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
                      const std::vector<at::Tensor>& results, at::Float32MatmulPrecision precision) {
   vtpu::OpCost c;
+  if (CustomOpCostFn custom = custom_cost_of(schema.name())) {
+    vtpu::OpCost priced;
+    if (custom(args, results, &priced)) return priced;
+  }
   double largest = 0;
   // out= arguments are only written (counted among the results).
   std::vector<c10::IValue> inputs;

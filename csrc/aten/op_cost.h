@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "vtpu/cost_model.h"
@@ -16,6 +18,14 @@ namespace torch_tpu {
 // `args` are the op's arguments, `results` its tpu outputs (fresh and written).
 vtpu::OpCost op_cost(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
                      const std::vector<at::Tensor>& results, at::Float32MatmulPrecision precision);
+
+// Ops priced by whoever registered them (torch.tpu.pallas kernels, whose cost comes from
+// the kernel, not the schema): `fn` fills `cost` from the op's arguments and tpu results
+// and returns true, or returns false to have the op priced as any other. Keyed by the
+// schema name ("ns::op"); an empty `fn` removes the entry.
+using CustomOpCostFn =
+    std::function<bool(c10::ArrayRef<c10::IValue> args, const std::vector<at::Tensor>& results, vtpu::OpCost* cost)>;
+void set_custom_op_cost(const std::string& op, CustomOpCostFn fn);
 
 // A copy or fill that moves `bytes_read` and writes `bytes_written` HBM bytes.
 vtpu::OpCost transfer_cost(double bytes_read, double bytes_written);

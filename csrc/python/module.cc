@@ -24,6 +24,7 @@ namespace torch_tpu {
 void register_hooks();                                     // hooks.cc
 void register_distributed_bindings(pybind11::module_& m);  // distributed_bindings.cc
 void register_defer_bindings(pybind11::module_& m);        // defer_bindings.cc
+void register_pallas_bindings(pybind11::module_& m);       // pallas_bindings.cc
 void register_profiler_bindings(pybind11::module_& m);     // profiler_bindings.cc
 void register_compile_bindings(pybind11::module_& m);      // compile_bindings.cc
 void register_dry_run_bindings(pybind11::module_& m);      // dry_run_bindings.cc
@@ -132,6 +133,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("_DEVICE_TYPE") = static_cast<int>(kTPU);
   register_distributed_bindings(m);
   register_defer_bindings(m);
+  register_pallas_bindings(m);
   register_profiler_bindings(m);
   register_compile_bindings(m);
   register_dry_run_bindings(m);

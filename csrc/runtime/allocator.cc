@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <unordered_set>
 
 #include "runtime/device.h"
@@ -20,7 +21,9 @@ namespace {
 struct BlockContext {
   vtpu::HbmAllocator* hbm;
   vtpu::Block* block;
-  std::atomic<bool> undefined{false};  // values never computed (a dry run)
+  std::atomic<bool> undefined{false};  // values never computed (a dry run) or donated
+  std::mutex donor_mutex;
+  std::string donor;  // the op it was donated to; empty for a dry run
 };
 
 // Live storages with `undefined` set: the checks cost one load while this is 0.
@@ -72,12 +75,28 @@ void mark_undefined(const at::Tensor& t) {
   if (const c10::Storage* s = storage_of(t)) set_flag(context_of(*s), true);
 }
 
+void mark_donated(const at::Tensor& t, const std::string& op) {
+  const c10::Storage* s = storage_of(t);
+  BlockContext* c = s ? context_of(*s) : nullptr;
+  if (!c) return;
+  {
+    std::lock_guard<std::mutex> lock(c->donor_mutex);
+    c->donor = op;
+  }
+  set_flag(c, true);
+}
+
 void clear_undefined_if_whole(const at::Tensor& t) {
   if (!any_undefined()) return;
   const c10::Storage* s = storage_of(t);
   if (!s || !t.is_non_overlapping_and_dense()) return;
   if (static_cast<size_t>(t.numel()) * t.itemsize() != s->nbytes()) return;  // a part stays undefined
-  set_flag(context_of(*s), false);
+  BlockContext* c = context_of(*s);
+  if (c) {
+    std::lock_guard<std::mutex> lock(c->donor_mutex);
+    c->donor.clear();
+  }
+  set_flag(c, false);
 }
 
 bool buffer_undefined(const c10::DataPtr& d) {
@@ -90,6 +109,15 @@ void set_buffer_undefined(const c10::DataPtr& d) { set_flag(context_of(d), true)
 void check_defined(const at::Tensor& t, const std::string& what) {
   const c10::Storage* s = storage_of(t);
   if (!s || !buffer_undefined(s->data_ptr())) return;
+  std::string donor;
+  if (BlockContext* c = context_of(*s)) {
+    std::lock_guard<std::mutex> lock(c->donor_mutex);
+    donor = c->donor;
+  }
+  TORCH_CHECK(donor.empty(), what, ": the tpu tensor of shape ", t.sizes(), " (", t.scalar_type(), ", ", t.device(),
+              ") was donated to ", donor,
+              " (donate_argnums), which may reuse its buffer, so it holds no values now. Pass a clone to a "
+              "donating op if you need the tensor afterwards, or overwrite it whole (copy_, fill_, zero_)");
   TORCH_CHECK(false, what, ": the tpu tensor of shape ", t.sizes(), " (", t.scalar_type(), ", ", t.device(),
               ") holds no values: it was written inside torch_tpu.estimate.dry_run(), which shapes, "
               "allocates and prices ops but computes nothing. Compute it again outside the dry run, or "

@@ -21,6 +21,10 @@ namespace torch_tpu {
 bool any_undefined();  // one atomic load: false unless such a storage is alive
 void mark_undefined(const at::Tensor& t);
 void clear_undefined_if_whole(const at::Tensor& t);
+// A tensor donated to op `op` (torch.tpu.pallas donate_argnums): its values are gone, as
+// on a TPU where the op reuses the buffer; reading it raises naming the op, overwriting it
+// whole makes it usable again.
+void mark_donated(const at::Tensor& t, const std::string& op);
 // Raises RuntimeError naming `what`, the tensor's shape, dtype and device if undefined.
 void check_defined(const at::Tensor& t, const std::string& what);
 // For a storage swapping its buffer (resize_): carries the flag to the new one.

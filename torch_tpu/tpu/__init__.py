@@ -80,8 +80,7 @@ _SUBMODULES = {
     "profiler": ("TpuProfilerConfig, start_server, stop_server", None),
     "ops": ("TorchTPU's TPU-specific ops: ragged_dot, all_gather_dim, max_pool2d, ...", None),
     "optimizers": ("TorchTPU's optimizers: AdamW, Sgd, Muon, SingleTraceTrainer", None),
-    "pallas": ("Pallas kernels: jax_op, get_pallas_mesh",
-               "the bridge that runs Pallas TPU kernels through JAX's TPU interpret mode is not built yet"),
+    "pallas": ("Pallas kernels: jax_op, get_pallas_mesh", None),
 }
 
 __all__ = [
