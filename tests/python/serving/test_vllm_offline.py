@@ -20,6 +20,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 from helpers.serving import demo_gpt_checkpoint, hf_greedy, prefix_match, tokenize  # noqa: E402
 
 N_NEW = 16
+HBM_FRACTION = 0.002
 GPT_PROMPTS = ["def __init__(self", "import os\nimport sys\n", "    return", "class Text", "for i in range(", "#"]
 
 
@@ -51,8 +52,10 @@ def gpt(tmp_path_factory):
     path = demo_gpt_checkpoint(str(tmp_path_factory.mktemp("demo_gpt")))
     prompts = tokenize(path, GPT_PROMPTS)
     ref = hf_greedy(path, prompts, N_NEW)
-    llm = _llm(path, enable_prefix_caching=True, num_gpu_blocks_override=48)
-    yield llm, prompts, ref
+    before = torch.tpu.memory_stats(0)["allocated_bytes.all.current"]
+    # KV cache from HBM: 0.2 % of the chip's capacity (v6e: 32 GiB -> ~69 MB; never touched whole).
+    llm = _llm(path, enable_prefix_caching=True, gpu_memory_utilization=HBM_FRACTION)
+    yield llm, prompts, ref, before
     _close(llm)
 
 
@@ -63,7 +66,7 @@ def _check(got, ref):
 
 
 def test_gpt_single_and_batched_with_prefix_caching(gpt):
-    llm, prompts, ref = gpt
+    llm, prompts, ref, _ = gpt
     _check(_greedy(llm, prompts[:1]), ref[:1])
     _check(_greedy(llm, prompts), ref)  # ragged batch: prefills of 1..20 tokens together
     # Same prompts again: their full blocks (16 tokens) now come from the prefix cache.
@@ -71,7 +74,7 @@ def test_gpt_single_and_batched_with_prefix_caching(gpt):
 
 
 def test_gpt_prefix_cache_hits_and_continuous_batching(gpt):
-    llm, prompts, ref = gpt
+    llm, prompts, ref, _ = gpt
     # A long shared prefix (two full blocks) then different tails: the second request reuses the blocks.
     base = (prompts[1] * 2)[:32]
     longp = [base + p[:4] for p in prompts[:3]]  # 36 tokens + 16 new <= max_model_len 64
@@ -84,7 +87,7 @@ def test_gpt_prefix_cache_hits_and_continuous_batching(gpt):
 def test_gpt_seeded_sampling_reproducible(gpt):
     from vllm import SamplingParams
 
-    llm, prompts, _ = gpt
+    llm, prompts, _, _ = gpt
     sp = SamplingParams(temperature=1.0, top_k=20, max_tokens=12, seed=1234, ignore_eos=True)
     a = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], sp,
                                                        use_tqdm=False)]
@@ -95,15 +98,24 @@ def test_gpt_seeded_sampling_reproducible(gpt):
     assert a != greedy  # it did sample
 
 
-def test_gpt_kv_cache_blocks_and_hbm(gpt):
-    llm, _, _ = gpt
-    cfg = llm.llm_engine.vllm_config
-    assert cfg.cache_config.num_gpu_blocks == 48
-    assert cfg.model_config.max_model_len == 64  # the demo's --seq-len (learned positions)
+def test_gpt_kv_cache_blocks_from_hbm(gpt):
     from vllm.platforms import current_platform
 
+    from torch_tpu.serving.worker import activation_reserve_bytes
+
+    llm, _, _, before = gpt
+    cfg = llm.llm_engine.vllm_config
     assert (current_platform.device_type, current_platform.dispatch_key, current_platform.dist_backend) == (
         "tpu", "PrivateUse1", "tpu_dist")
+    assert cfg.model_config.max_model_len == 64  # the demo's --seq-len (learned positions)
+    # Bytes per block: layers x (K + V) x block_size x kv heads x head size x float32.
+    block_bytes = 2 * 2 * cfg.cache_config.block_size * 2 * 32 * 4
+    budget = int(torch.tpu.get_device_properties(0).total_memory * HBM_FRACTION) - activation_reserve_bytes(cfg)
+    blocks = cfg.cache_config.num_gpu_blocks
+    after = torch.tpu.memory_stats(0)["allocated_bytes.all.current"]
+    assert after - before >= blocks * block_bytes  # torch.tpu.memory_stats() shows the cache
+    weights = after - before - blocks * block_bytes  # weights and the runner's buffers
+    assert (budget - weights - before) // block_bytes - 1 <= blocks <= budget // block_bytes
 
 
 def test_gpt_prompt_beyond_max_model_len(gpt):
@@ -111,7 +123,7 @@ def test_gpt_prompt_beyond_max_model_len(gpt):
 
     from vllm.exceptions import VLLMValidationError
 
-    llm, prompts, ref = gpt
+    llm, prompts, ref, _ = gpt
     with pytest.raises(VLLMValidationError, match="maximum context length is 64 tokens.*80 input tokens"):
         llm.generate([{"prompt_token_ids": [65] * 80}], SamplingParams(max_tokens=4), use_tqdm=False)
     _check(_greedy(llm, prompts[:2]), ref[:2])  # still serving
