@@ -17,8 +17,8 @@ import torch
 
 TIE = 1e-4  # top-2 logit gap under which a greedy choice counts as a tie
 
-def demo_gpt_checkpoint(out_dir: str, seq_len: int = 64, scale: float = 6.0) -> str:
-    """The demo's GPT (2 layers, d_model 64) with a fixed seed, exported as GPT-2.
+def demo_gpt_checkpoint(out_dir: str, seq_len: int = 64, scale: float = 6.0, n_head: int = 4) -> str:
+    """The demo's GPT (2 layers, d_model 64, ``n_head`` heads) with a fixed seed, exported as GPT-2.
 
     Its matrices are scaled by ``scale`` from the 0.02-std init: logits far apart, so greedy
     choices are rarely near-ties and the continuations vary (an unscaled random GPT repeats
@@ -28,7 +28,7 @@ def demo_gpt_checkpoint(out_dir: str, seq_len: int = 64, scale: float = 6.0) -> 
     from torch_tpu.estimate.models.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(seq_len=seq_len, n_layer=2, n_head=2, d_model=64)).eval()
+    model = GPT(GPTConfig(seq_len=seq_len, n_layer=2, n_head=n_head, d_model=64)).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:

@@ -39,6 +39,7 @@ def server(tmp_path_factory):
     port = _free_port()
     log = open(tmp_path_factory.mktemp("log") / "server.log", "w+")
     env = dict(os.environ)
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's own engine process, as deployed
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path, "--served-model-name", MODEL,
          "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--num-gpu-blocks-override", "64",

@@ -109,7 +109,7 @@ def test_gpt_kv_cache_blocks_from_hbm(gpt):
         "tpu", "PrivateUse1", "tpu_dist")
     assert cfg.model_config.max_model_len == 64  # the demo's --seq-len (learned positions)
     # Bytes per block: layers x (K + V) x block_size x kv heads x head size x float32.
-    block_bytes = 2 * 2 * cfg.cache_config.block_size * 2 * 32 * 4
+    block_bytes = 2 * 2 * cfg.cache_config.block_size * 4 * 16 * 4
     budget = int(torch.tpu.get_device_properties(0).total_memory * HBM_FRACTION) - activation_reserve_bytes(cfg)
     blocks = cfg.cache_config.num_gpu_blocks
     after = torch.tpu.memory_stats(0)["allocated_bytes.all.current"]
