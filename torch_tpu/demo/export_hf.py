@@ -33,8 +33,9 @@ CHAT_TEMPLATE = (
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map of the 256 byte values to printable unicode characters."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = list(printable)
     n = 0
     for b in range(256):
@@ -76,15 +77,23 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """The GPT's weights under GPT-2's names (float32, contiguous, on the host; the tied output
     projection is ``transformer.wte.weight``)."""
     sd = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
-    out = {"transformer.wte.weight": sd["tok_emb.weight"], "transformer.wpe.weight": sd["pos_emb.weight"],
-           "transformer.ln_f.weight": sd["ln_f.weight"], "transformer.ln_f.bias": sd["ln_f.bias"]}
+    out = {
+        "transformer.wte.weight": sd["tok_emb.weight"],
+        "transformer.wpe.weight": sd["pos_emb.weight"],
+        "transformer.ln_f.weight": sd["ln_f.weight"],
+        "transformer.ln_f.bias": sd["ln_f.bias"],
+    }
     for i in range(model.cfg.n_layer):
         src, dst = f"blocks.{i}.", f"transformer.h.{i}."
         for a, b in (("ln1", "ln_1"), ("ln2", "ln_2")):
             out[dst + b + ".weight"] = sd[src + a + ".weight"]
             out[dst + b + ".bias"] = sd[src + a + ".bias"]
-        for a, b in (("attn.qkv", "attn.c_attn"), ("attn.proj", "attn.c_proj"), ("mlp.0", "mlp.c_fc"),
-                     ("mlp.2", "mlp.c_proj")):
+        for a, b in (
+            ("attn.qkv", "attn.c_attn"),
+            ("attn.proj", "attn.c_proj"),
+            ("mlp.0", "mlp.c_fc"),
+            ("mlp.2", "mlp.c_proj"),
+        ):
             out[dst + b + ".weight"] = sd[src + a + ".weight"].t()  # nn.Linear [out, in] -> Conv1D [in, out]
             out[dst + b + ".bias"] = sd[src + a + ".bias"]
     return {k: v.contiguous() for k, v in out.items()}
@@ -102,9 +111,18 @@ def tokenizer_json() -> dict:
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
         "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": {b2u[b]: b for b in range(256)}, "merges": []},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": {b2u[b]: b for b in range(256)},
+            "merges": [],
+        },
     }
 
 
@@ -127,13 +145,19 @@ def export(model: GPT, out_dir: str) -> str:
 
     save_file(hf_state_dict(model), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     write_json("config.json", hf_config(cfg))
-    write_json("generation_config.json", {"bos_token_id": EOS_BYTE, "eos_token_id": EOS_BYTE,
-                                          "pad_token_id": EOS_BYTE})
+    write_json("generation_config.json", {"bos_token_id": EOS_BYTE, "eos_token_id": EOS_BYTE, "pad_token_id": EOS_BYTE})
     write_json("tokenizer.json", tokenizer_json())
     eos = bytes_to_unicode()[EOS_BYTE]
-    write_json("tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.seq_len,
-        "clean_up_tokenization_spaces": False, "add_prefix_space": False,
-        "eos_token": eos, "pad_token": eos, "chat_template": CHAT_TEMPLATE,
-    })
+    write_json(
+        "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": cfg.seq_len,
+            "clean_up_tokenization_spaces": False,
+            "add_prefix_space": False,
+            "eos_token": eos,
+            "pad_token": eos,
+            "chat_template": CHAT_TEMPLATE,
+        },
+    )
     return out_dir

@@ -27,8 +27,9 @@ def platform_plugin() -> str | None:
     if os.environ.get("TORCH_TPU_VLLM", "1") == "0":
         return None
     try:
-        import torch_tpu  # noqa: F401  (registers the device when torch's autoload did not)
         import torch
+
+        import torch_tpu  # noqa: F401  (registers the device when torch's autoload did not)
 
         if torch.tpu.device_count() == 0:
             return None

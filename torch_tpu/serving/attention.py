@@ -92,8 +92,9 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
 
-    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
-              fast_build: bool = False) -> TpuPagedAttentionMetadata:
+    def build(
+        self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
+    ) -> TpuPagedAttentionMetadata:
         m = common_attn_metadata
         if not isinstance(m.causal, bool) or not m.causal:
             raise NotImplementedError("vLLM on tpu: only causal decoder attention is supported")
@@ -134,12 +135,25 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
 class TpuPagedAttentionImpl(AttentionImpl):
     """Attention of one layer over its paged KV cache (see the module docstring)."""
 
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int, alibi_slopes,
-                 sliding_window, kv_cache_dtype: str, logits_soft_cap=None, attn_type: str = AttentionType.DECODER,
-                 kv_sharing_target_layer_name: str | None = None, sinks=None) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        alibi_slopes,
+        sliding_window,
+        kv_cache_dtype: str,
+        logits_soft_cap=None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks=None,
+    ) -> None:
         if alibi_slopes is not None or sliding_window is not None or sinks is not None or logits_soft_cap:
-            raise NotImplementedError("vLLM on tpu: ALiBi, sliding windows, attention sinks and logit soft-capping "
-                                      "are not supported by the TPU_PAGED attention backend")
+            raise NotImplementedError(
+                "vLLM on tpu: ALiBi, sliding windows, attention sinks and logit soft-capping "
+                "are not supported by the TPU_PAGED attention backend"
+            )
         if attn_type != AttentionType.DECODER:
             raise NotImplementedError(f"vLLM on tpu: attention type {attn_type} is not supported (decoder only)")
         self.num_heads = num_heads
@@ -155,8 +169,9 @@ class TpuPagedAttentionImpl(AttentionImpl):
         """``[num_blocks, H, N, 2D]`` (layout LBNHC) -> the contiguous ``[num_blocks, N, H, 2D]``."""
         return kv_cache.permute(0, 2, 1, 3)
 
-    def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                           slot_mapping: torch.Tensor) -> None:
+    def do_kv_cache_update(
+        self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
         """Writes the new tokens' keys and values ``[T, H_kv, D]`` to their slots ``[T]`` (-1: skipped)."""
         rows = self._rows(kv_cache)
         nblk, bs, h, d2 = rows.shape
@@ -169,9 +184,18 @@ class TpuPagedAttentionImpl(AttentionImpl):
         kv = torch.where(keep[:, None, None], kv, flat.index_select(0, slots))
         flat.index_copy_(0, slots, kv)
 
-    def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                attn_metadata: TpuPagedAttentionMetadata | None, output: torch.Tensor, output_scale=None,
-                output_block_scale=None) -> torch.Tensor:
+    def forward(
+        self,
+        layer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: TpuPagedAttentionMetadata | None,
+        output: torch.Tensor,
+        output_scale=None,
+        output_block_scale=None,
+    ) -> torch.Tensor:
         """``query [T, H, D]`` -> ``output [T, H, D]`` (written in place and returned)."""
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("vLLM on tpu: fused output quantization is not supported")

@@ -7,9 +7,21 @@ import torch
 _registered = False
 
 
-def compute_slot_mapping(num_tokens, max_num_tokens, query_start_loc_ptr, positions_ptr, block_table_ptr,
-                         block_table_stride, slot_mapping_ptr, KV_CACHE_BLOCK_SIZE, TOTAL_CP_WORLD_SIZE,
-                         TOTAL_CP_RANK, CP_KV_CACHE_INTERLEAVE_SIZE, PAD_ID, BLOCK_SIZE):  # noqa: N803
+def compute_slot_mapping(
+    num_tokens,
+    max_num_tokens,
+    query_start_loc_ptr,
+    positions_ptr,
+    block_table_ptr,
+    block_table_stride,
+    slot_mapping_ptr,
+    KV_CACHE_BLOCK_SIZE,
+    TOTAL_CP_WORLD_SIZE,
+    TOTAL_CP_RANK,
+    CP_KV_CACHE_INTERLEAVE_SIZE,
+    PAD_ID,
+    BLOCK_SIZE,
+):  # noqa: N803
     """Slot of each scheduled token in the paged KV cache (vLLM's ``ComputeSlotMappingKernel``).
 
     ``query_start_loc_ptr [R + 1]`` int32 (token offsets of the R requests), ``positions_ptr

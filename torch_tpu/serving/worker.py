@@ -35,8 +35,10 @@ logger = init_logger(__name__)
 @contextlib.contextmanager
 def _tpu_as_cuda():
     """torch.cuda's stream and event names, which vLLM's GPU runner calls, as the tpu ones."""
-    saved = {n: getattr(torch.cuda, n) for n in ("Stream", "Event", "current_stream", "default_stream", "stream",
-                                                 "set_stream")}
+    saved = {
+        n: getattr(torch.cuda, n)
+        for n in ("Stream", "Event", "current_stream", "default_stream", "stream", "set_stream")
+    }
 
     def _event(*args, blocking=None, **kwargs):
         return torch.tpu.Event(*args, **kwargs)
@@ -75,8 +77,7 @@ class TPUModelRunner(GPUModelRunner):
 
     def initialize_kv_cache_tensors(self, kv_cache_config, kernel_block_sizes, kv_cache_allocation_context=None):
         with _NoFillOnTpu():
-            return super().initialize_kv_cache_tensors(kv_cache_config, kernel_block_sizes,
-                                                       kv_cache_allocation_context)
+            return super().initialize_kv_cache_tensors(kv_cache_config, kernel_block_sizes, kv_cache_allocation_context)
 
     def _sync_device(self) -> None:
         torch.tpu.synchronize(self.device)
@@ -109,8 +110,9 @@ class TPUWorker(Worker):
         self.device = torch.device("tpu", self.local_rank)
         torch.tpu.set_device(self.device)
         current_platform.check_if_supports_dtype(self.model_config.dtype)
-        init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
-                                            self.local_rank, current_platform.dist_backend)
+        init_worker_distributed_environment(
+            self.vllm_config, self.rank, self.distributed_init_method, self.local_rank, current_platform.dist_backend
+        )
         set_random_seed(self.model_config.seed)
         gc.collect()
         self._init_workspace_and_model_runner()
@@ -127,8 +129,9 @@ class TPUWorker(Worker):
 
     def _make_model_runner(self):
         if self.use_v2_model_runner:
-            raise NotImplementedError("vLLM on tpu: the V2 model runner is not supported; unset "
-                                      "VLLM_USE_V2_MODEL_RUNNER")
+            raise NotImplementedError(
+                "vLLM on tpu: the V2 model runner is not supported; unset VLLM_USE_V2_MODEL_RUNNER"
+            )
         return TPUModelRunner(self.vllm_config, self.device)
 
     def determine_available_memory(self) -> int:
@@ -143,17 +146,24 @@ class TPUWorker(Worker):
         used = int(torch.tpu.memory_allocated(self.device))
         reserve = activation_reserve_bytes(self.vllm_config)
         available = requested - used - reserve
-        logger.info("vLLM on tpu: %s of %s GiB HBM (gpu_memory_utilization %.2f): %s GiB allocated, %s GiB "
-                    "activation reserve, %s GiB KV cache", format_gib(requested), format_gib(total),
-                    self.cache_config.gpu_memory_utilization, format_gib(used), format_gib(reserve),
-                    format_gib(max(available, 0)))
+        logger.info(
+            "vLLM on tpu: %s of %s GiB HBM (gpu_memory_utilization %.2f): %s GiB allocated, %s GiB "
+            "activation reserve, %s GiB KV cache",
+            format_gib(requested),
+            format_gib(total),
+            self.cache_config.gpu_memory_utilization,
+            format_gib(used),
+            format_gib(reserve),
+            format_gib(max(available, 0)),
+        )
         if available <= 0:
             raise ValueError(
                 f"vLLM on tpu: no HBM left for the KV cache on {self.device}: "
                 f"gpu_memory_utilization {self.cache_config.gpu_memory_utilization} of {format_gib(total)} GiB "
                 f"is {format_gib(requested)} GiB, the weights and buffers take {format_gib(used)} GiB and the "
                 f"activation reserve {format_gib(reserve)} GiB; raise gpu_memory_utilization, lower "
-                "max_num_batched_tokens or set kv_cache_memory_bytes")
+                "max_num_batched_tokens or set kv_cache_memory_bytes"
+            )
         self.available_kv_cache_memory_bytes = available
         return available
 
@@ -161,5 +171,7 @@ class TPUWorker(Worker):
         # Eager execution: no graphs to capture or compile, and no warm-up batches (a dummy
         # max-size batch would cost minutes on the vTPU's host cores).
         set_random_seed(self.model_config.seed)
-        return CompilationTimes(language_model=self.compilation_config.compilation_time,
-                                encoder=self.compilation_config.encoder_compilation_time)
+        return CompilationTimes(
+            language_model=self.compilation_config.compilation_time,
+            encoder=self.compilation_config.encoder_compilation_time,
+        )

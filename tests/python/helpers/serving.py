@@ -17,6 +17,7 @@ import torch
 
 TIE = 1e-4  # top-2 logit gap under which a greedy choice counts as a tie
 
+
 def demo_gpt_checkpoint(out_dir: str, seq_len: int = 64, scale: float = 6.0, n_head: int = 4) -> str:
     """The demo's GPT (2 layers, d_model 64, ``n_head`` heads) with a fixed seed, exported as GPT-2.
 
@@ -47,10 +48,21 @@ def llama_checkpoint(out_dir: str) -> str:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(minilm_tokenizer_dir())
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=tok.cls_token_id,
-                      eos_token_id=tok.sep_token_id, pad_token_id=tok.pad_token_id, torch_dtype="float32")
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+        pad_token_id=tok.pad_token_id,
+        torch_dtype="float32",
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # larger weights than the 0.02 init: distinct logits, fewer near-ties
@@ -79,10 +91,16 @@ def hf_greedy(path: str, prompts: list[list[int]], max_new_tokens: int) -> list[
     outs = []
     for p in prompts:
         with torch.no_grad():
-            r = model.generate(torch.tensor([p]), max_new_tokens=max_new_tokens, do_sample=False,
-                               output_scores=True, return_dict_in_generate=True, pad_token_id=0,
-                               eos_token_id=None)
-        ids = r.sequences[0, len(p):].tolist()
+            r = model.generate(
+                torch.tensor([p]),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
+        ids = r.sequences[0, len(p) :].tolist()
         keep = len(ids)
         for step, scores in enumerate(r.scores):
             top2 = scores[0].float().topk(2).values
@@ -95,7 +113,7 @@ def hf_greedy(path: str, prompts: list[list[int]], max_new_tokens: int) -> list[
 
 def prefix_match(got: list[int], ref: list[int]) -> bool:
     """True when ``got`` starts with the oracle's (tie-cut) continuation ``ref``."""
-    return list(got[:len(ref)]) == list(ref)
+    return list(got[: len(ref)]) == list(ref)
 
 
 def copy_tree(src: str, dst: str) -> str:

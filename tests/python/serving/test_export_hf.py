@@ -25,7 +25,7 @@ def exported(tmp_path_factory):
     torch.manual_seed(1)
     model = GPT(GPTConfig(seq_len=48, n_layer=2, n_head=4, d_model=64)).eval()
     with torch.no_grad():  # trained-looking weights: biases and norms away from their init
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     path = export(model, str(tmp_path_factory.mktemp("gpt_hf")))
@@ -45,8 +45,13 @@ def test_logits_equal_demo_model(exported):
 
 def test_files_and_config(exported):
     model, path = exported
-    assert sorted(os.listdir(path)) == ["config.json", "generation_config.json", "model.safetensors",
-                                        "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(os.listdir(path)) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     cfg = json.load(open(os.path.join(path, "config.json")))
     assert (cfg["n_positions"], cfg["n_embd"], cfg["n_layer"], cfg["n_head"], cfg["vocab_size"]) == (48, 64, 2, 4, 256)
     from safetensors.torch import load_file
@@ -75,7 +80,11 @@ def test_export_rejects_other_vocabularies(tmp_path):
 
 
 def test_cli_rejects_export_with_fsdp(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "torch_tpu.demo", "--fsdp", "--export-hf", str(tmp_path)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "torch_tpu.demo", "--fsdp", "--export-hf", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2
     assert "--export-hf: not supported with --fsdp" in r.stderr

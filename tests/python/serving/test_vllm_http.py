@@ -41,10 +41,34 @@ def server(tmp_path_factory):
     env = dict(os.environ)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's own engine process, as deployed
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", path, "--served-model-name", MODEL,
-         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--num-gpu-blocks-override", "64",
-         "--max-num-seqs", "8", "--max-num-batched-tokens", "256", "--enable-prefix-caching", "--seed", "0"],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            path,
+            "--served-model-name",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--num-gpu-blocks-override",
+            "64",
+            "--max-num-seqs",
+            "8",
+            "--max-num-batched-tokens",
+            "256",
+            "--enable-prefix-caching",
+            "--seed",
+            "0",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while True:
@@ -79,8 +103,15 @@ def oracle(server):
 
 
 def _complete(base, prompt, **kw):
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": N_NEW, "temperature": 0, "return_token_ids": True,
-            "ignore_eos": True, **kw}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": N_NEW,
+        "temperature": 0,
+        "return_token_ids": True,
+        "ignore_eos": True,
+        **kw,
+    }
     r = requests.post(base + "/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
@@ -111,9 +142,18 @@ def test_completion_greedy_equals_transformers(server, oracle):
 
 def test_chat_completion_uses_the_template(server, oracle):
     base, _, _ = server
-    r = requests.post(base + "/v1/chat/completions", timeout=120, json={
-        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": N_NEW, "temperature": 0,
-        "return_token_ids": True, "ignore_eos": True})
+    r = requests.post(
+        base + "/v1/chat/completions",
+        timeout=120,
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": N_NEW,
+            "temperature": 0,
+            "return_token_ids": True,
+            "ignore_eos": True,
+        },
+    )
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert r.json()["usage"]["prompt_tokens"] == len(b"user: hi\nassistant: ")
@@ -123,8 +163,7 @@ def test_chat_completion_uses_the_template(server, oracle):
 def test_streaming_sse_equals_non_streamed(server, oracle):
     base, _, _ = server
     whole = _complete(base, PROMPT)["choices"][0]["text"]
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": N_NEW, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": N_NEW, "temperature": 0, "stream": True, "ignore_eos": True}
     chunks, done = [], False
     with requests.post(base + "/v1/completions", json=body, stream=True, timeout=120) as r:
         assert r.status_code == 200
@@ -133,7 +172,7 @@ def test_streaming_sse_equals_non_streamed(server, oracle):
             if not line:
                 continue
             assert line.startswith(b"data: ")
-            data = line[len(b"data: "):]
+            data = line[len(b"data: ") :]
             if data == b"[DONE]":
                 done = True
                 break
@@ -157,12 +196,15 @@ def test_metrics(server, oracle):
     assert metrics["vllm:prefix_cache_hits_total"] >= 16
 
 
-@pytest.mark.parametrize("body,status,needle", [
-    ({"prompt": "x" * 80, "max_tokens": 4}, 400, "maximum context length is 64"),
-    ({"prompt": "abc", "max_tokens": 0}, 400, "max_tokens"),
-    ({"prompt": "abc", "max_tokens": -3}, 400, "max_tokens"),
-    ({"prompt": "abc", "max_tokens": 4, "model": "no-such-model"}, 404, "no-such-model"),
-])
+@pytest.mark.parametrize(
+    "body,status,needle",
+    [
+        ({"prompt": "x" * 80, "max_tokens": 4}, 400, "maximum context length is 64"),
+        ({"prompt": "abc", "max_tokens": 0}, 400, "max_tokens"),
+        ({"prompt": "abc", "max_tokens": -3}, 400, "max_tokens"),
+        ({"prompt": "abc", "max_tokens": 4, "model": "no-such-model"}, 404, "no-such-model"),
+    ],
+)
 def test_bad_requests_get_http_errors(server, oracle, body, status, needle):
     base, _, _ = server
     r = requests.post(base + "/v1/completions", json={"model": MODEL, **body}, timeout=60)
@@ -173,8 +215,12 @@ def test_bad_requests_get_http_errors(server, oracle, body, status, needle):
 
 def test_malformed_json(server, oracle):
     base, _, _ = server
-    r = requests.post(base + "/v1/completions", data=b'{"model": "demo-gpt", "prompt": ',
-                      headers={"Content-Type": "application/json"}, timeout=60)
+    r = requests.post(
+        base + "/v1/completions",
+        data=b'{"model": "demo-gpt", "prompt": ',
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
     assert r.status_code == 400
     assert "JSON" in r.text
     _still_serving(base, oracle)
@@ -183,8 +229,9 @@ def test_malformed_json(server, oracle):
 def test_client_disconnect_mid_stream(server, oracle):
     base, _, port = server
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 40, "temperature": 0, "stream": True,
-                       "ignore_eos": True})
+    body = json.dumps(
+        {"model": MODEL, "prompt": PROMPT, "max_tokens": 40, "temperature": 0, "stream": True, "ignore_eos": True}
+    )
     conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200

@@ -28,8 +28,16 @@ def test_llama_minilm_greedy_without_prefix_caching(tmp_path):
     assert all(101 not in p and 102 not in p for p in prompts)  # no [CLS]/[SEP]
     ref = hf_greedy(path, prompts, N_NEW)
     assert all(len(r) >= 4 for r in ref), ref
-    llm = LLM(model=path, dtype="float32", enforce_eager=True, max_num_seqs=8, max_num_batched_tokens=256, seed=0,
-              enable_prefix_caching=False, num_gpu_blocks_override=32)
+    llm = LLM(
+        model=path,
+        dtype="float32",
+        enforce_eager=True,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        seed=0,
+        enable_prefix_caching=False,
+        num_gpu_blocks_override=32,
+    )
     try:
         sp = SamplingParams(temperature=0.0, max_tokens=N_NEW, ignore_eos=True)
         single = llm.generate([{"prompt_token_ids": prompts[0]}], sp, use_tqdm=False)

@@ -27,8 +27,9 @@ GPT_PROMPTS = ["def __init__(self", "import os\nimport sys\n", "    return", "cl
 def _llm(path, **kw):
     from vllm import LLM
 
-    return LLM(model=path, dtype="float32", enforce_eager=True, max_num_seqs=8, max_num_batched_tokens=256,
-               seed=0, **kw)
+    return LLM(
+        model=path, dtype="float32", enforce_eager=True, max_num_seqs=8, max_num_batched_tokens=256, seed=0, **kw
+    )
 
 
 def _close(llm):
@@ -89,10 +90,12 @@ def test_gpt_seeded_sampling_reproducible(gpt):
 
     llm, prompts, _, _ = gpt
     sp = SamplingParams(temperature=1.0, top_k=20, max_tokens=12, seed=1234, ignore_eos=True)
-    a = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], sp,
-                                                       use_tqdm=False)]
-    b = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], sp,
-                                                       use_tqdm=False)]
+    a = [
+        o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], sp, use_tqdm=False)
+    ]
+    b = [
+        o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts[:3]], sp, use_tqdm=False)
+    ]
     assert a == b
     greedy = _greedy(llm, prompts[:3], 12)
     assert a != greedy  # it did sample
@@ -106,7 +109,10 @@ def test_gpt_kv_cache_blocks_from_hbm(gpt):
     llm, _, _, before = gpt
     cfg = llm.llm_engine.vllm_config
     assert (current_platform.device_type, current_platform.dispatch_key, current_platform.dist_backend) == (
-        "tpu", "PrivateUse1", "tpu_dist")
+        "tpu",
+        "PrivateUse1",
+        "tpu_dist",
+    )
     assert cfg.model_config.max_model_len == 64  # the demo's --seq-len (learned positions)
     # Bytes per block: layers x (K + V) x block_size x kv heads x head size x float32.
     block_bytes = 2 * 2 * cfg.cache_config.block_size * 4 * 16 * 4
@@ -120,7 +126,6 @@ def test_gpt_kv_cache_blocks_from_hbm(gpt):
 
 def test_gpt_prompt_beyond_max_model_len(gpt):
     from vllm import SamplingParams
-
     from vllm.exceptions import VLLMValidationError
 
     llm, prompts, ref, _ = gpt
