@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,12 +39,6 @@ PROMPTS = [
     "if __name__ == '__main__':\n",
     "try:\n    ",
 ]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pct(xs, q):
@@ -135,33 +128,16 @@ def main() -> int:
 
     import requests
 
-    from helpers.serving import demo_gpt_checkpoint
+    from helpers.serving import demo_gpt_checkpoint, free_port, server_argv
 
     path = demo_gpt_checkpoint(tempfile.mkdtemp(prefix="serve_load_"))
-    port = _port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = open(os.path.join(path, "server.log"), "w")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            path,
-            "--served-model-name",
-            "demo-gpt",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            "float32",
-            "--num-gpu-blocks-override",
-            str(args.blocks),
-            "--max-num-seqs",
-            str(args.clients),
-            "--enable-prefix-caching",
-        ],
+        server_argv(
+            path, port, "demo-gpt", "--num-gpu-blocks-override", str(args.blocks), "--max-num-seqs", str(args.clients)
+        ),
         stdout=log,
         stderr=subprocess.STDOUT,
     )

@@ -116,6 +116,38 @@ def prefix_match(got: list[int], ref: list[int]) -> bool:
     return list(got[: len(ref)]) == list(ref)
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_argv(path: str, port: int, name: str, *extra: str) -> list[str]:
+    """The command starting vLLM's OpenAI server on loopback for ``path`` (float32, prefix caching)."""
+    import sys
+
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        path,
+        "--served-model-name",
+        name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enable-prefix-caching",
+        *extra,
+    ]
+
+
 def copy_tree(src: str, dst: str) -> str:
     shutil.copytree(src, dst, dirs_exist_ok=True)
     return dst

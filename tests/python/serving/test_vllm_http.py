@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
@@ -20,51 +19,34 @@ import pytest
 pytest.importorskip("vllm")
 requests = pytest.importorskip("requests")
 
-from helpers.serving import demo_gpt_checkpoint, hf_greedy, prefix_match  # noqa: E402
+from helpers.serving import demo_gpt_checkpoint, free_port, hf_greedy, prefix_match, server_argv  # noqa: E402
 
 MODEL = "demo-gpt"
 N_NEW = 16
 PROMPT = "def __init__(self"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     path = demo_gpt_checkpoint(str(tmp_path_factory.mktemp("demo_gpt_http")))
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path_factory.mktemp("log") / "server.log", "w+")
     env = dict(os.environ)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's own engine process, as deployed
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
+        server_argv(
             path,
-            "--served-model-name",
+            port,
             MODEL,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dtype",
-            "float32",
             "--num-gpu-blocks-override",
             "64",
             "--max-num-seqs",
             "8",
             "--max-num-batched-tokens",
             "256",
-            "--enable-prefix-caching",
             "--seed",
             "0",
-        ],
+        ),
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
