@@ -26,7 +26,21 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2}
 # TORCH_TPU_EXTRAS (comma-separated optional extras of pyproject.toml, e.g. "test,pallas")
 # installs them in the same step, under the constraints file that pins torch.
 extras=${TORCH_TPU_EXTRAS:-}
-$PY -m pip install -q --no-build-isolation -c constraints.txt -e ".${extras:+[$extras]}"
+pip_env=()
+if [[ ",$extras," == *",serve,"* ]]; then
+  # The serve extra's vLLM 0.32.0 builds from its sdist as pure Python (VLLM_TARGET_DEVICE=empty:
+  # no CUDA or CPU kernels; torch_tpu/serving runs the model). Its build needs setuptools-rust and
+  # setuptools-scm here (no build isolation: an isolated build would fetch another torch), and its
+  # optional Rust frontend (off by default at run time) is skipped: a rustc that fails makes
+  # setuptools-rust leave optional Rust extensions out instead of compiling them for minutes.
+  $PY -m pip install -q -c constraints.txt setuptools-rust setuptools-scm
+  norust=$(mktemp -d)
+  printf '#!/bin/sh\necho "rustc disabled for the vLLM build (scripts/setup.sh)" >&2\nexit 1\n' >"$norust/rustc"
+  chmod +x "$norust/rustc"
+  trap 'rm -rf "$norust"' EXIT
+  pip_env=(env VLLM_TARGET_DEVICE=empty PATH="$norust:$PATH")
+fi
+"${pip_env[@]}" $PY -m pip install -q --no-build-isolation -c constraints.txt -e ".${extras:+[$extras]}"
 # The torchrec extra: torchrec itself without its "fbgemm-gpu" (CUDA) dependency; the extra
 # brought fbgemm-gpu-cpu and the rest (pyproject.toml).
 if [[ ",$extras," == *",torchrec,"* ]]; then

@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fsdp", action="store_true",
                    help="FSDP2 over tpu_dist, one process per chip: python -m torch_tpu.run -n 4 -m "
                         "torch_tpu.demo --fsdp (--batch-size is the global batch; DCP checkpoints)")
+    p.add_argument("--export-hf", default=None, metavar="DIR",
+                   help="after training, write the model to DIR as a Hugging Face GPT-2 checkpoint (safetensors, "
+                        "config.json, byte-level tokenizer, chat template) that vLLM and transformers load; "
+                        "see docs/serving.md")
     return p
 
 
@@ -104,6 +108,10 @@ def main(argv=None) -> int:
             torch_tpu.set_eager_mode(args.mode)
         except (NotImplementedError, ValueError) as e:
             return _fail(f"--mode {args.mode}: {e}; use --mode strict", 2)
+
+    if args.export_hf is not None and args.fsdp:
+        return _fail("--export-hf: not supported with --fsdp (export a single-chip run, or resume its "
+                     "checkpoint on one chip)", 2)
 
     from .data import CorpusError
     from .errors import DemoError

@@ -358,6 +358,10 @@ def _train(args, job: Job, corpus, model: GPT, cfg: GPTConfig, params: int, resu
         log(f"step {step}: val loss {val_loss:.4f} ({val_loss / corpus.unigram_nats:.3f} x unigram)")
     if saved_step != step:
         save(step)
+    if getattr(args, "export_hf", None) and job.is_main:
+        from .export_hf import export
+
+        log(f"exported the model as a Hugging Face checkpoint: {os.path.abspath(export(model, args.export_hf))}")
 
     # Every rank runs the sampler (FSDP: each forward all-gathers the blocks); same host RNG, same text.
     text = sample(model, job.device, args.dtype, args.prompt, args.sample_tokens, args.seed)

@@ -72,6 +72,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-overlap", action="store_true",
                    help="do not overlap FSDP / DP collectives with compute (they add to the step)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the step-time breakdown across generations")
+    p.add_argument("--serve", action="store_true",
+                   help="serving instead of training, per chip: prefill and decode step times, tokens/s, KV-cache "
+                        "blocks that fit (--batch sequences, --seq-len prompt tokens, --context; docs/serving.md)")
+    p.add_argument("--context", type=int,
+                   help="--serve: tokens in the KV cache a decode step attends (default --seq-len)")
+    p.add_argument("--block-size", type=int, default=16, help="--serve: KV-cache block in tokens (vLLM's, default 16)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="--serve: fraction of HBM for weights and KV cache (vLLM's, default 0.9)")
     return p
 
 
@@ -236,6 +244,19 @@ def main(argv: list[str] | None = None) -> int:
             env.pop(k, None)
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, "-m", "torch_tpu.estimate", *argv], env)
+
+    if args.serve:
+        from .serve import format_serve_table, serve_estimate
+
+        try:
+            r = serve_estimate(spec, batch=spec.batch, prefill_len=spec.seq_len, context=args.context or spec.seq_len,
+                               block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
+                               dtype=args.dtype)
+        except ValueError as e:
+            raise SystemExit(f"torch_tpu.estimate: error: {e}") from None
+        print(format_serve_table(r))
+        print(json.dumps(r))
+        return 0
 
     from .core import report, run
 

@@ -9,6 +9,7 @@ may use its package's names while being imported is what the fresh-interpreter c
 """
 
 import ast
+import importlib.util
 import json
 
 from helpers import import_graph
@@ -59,10 +60,22 @@ def _guards_its_main(path):
     return any(isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) for node in tree.body)
 
 
+# Modules that import an optional dependency at module level (their extra), by package prefix.
+_OPTIONAL = {"torch_tpu.serving.": "vllm"}  # torch_tpu[serve]; torch_tpu.serving itself imports no vLLM
+
+
+def _has_optional(name):
+    for prefix, dist in _OPTIONAL.items():
+        if name.startswith(prefix):
+            return importlib.util.find_spec(dist) is not None
+    return True
+
+
 def _importable_modules():
-    """Every torch_tpu module; a __main__ module only when importing it does not run its program."""
+    """Every torch_tpu module; a __main__ module only when importing it does not run its program,
+    and a module of an optional extra only when the extra is installed."""
     return [name for name, path in sorted(import_graph.module_files(TORCH_TPU_DIR).items())
-            if not name.endswith(".__main__") or _guards_its_main(path)]
+            if (not name.endswith(".__main__") or _guards_its_main(path)) and _has_optional(name)]
 
 
 # One interpreter imports torch (no torch_tpu module: autoload is off), then forks a child per
