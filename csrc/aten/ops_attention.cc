@@ -17,6 +17,8 @@
 // disable the flash backend (sdpa_kernel([SDPBackend.MATH]) forces math).
 #include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
 #include "aten/matmul_precision.h"
@@ -68,3 +70,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("_fused_sdp_choice", TORCH_FN(
 
 }  // namespace
 }  // namespace torch_tpu
+
+// The composite scaled_dot_product_attention asks the dispatch stub, not the op above.
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &torch_tpu::fused_sdp_choice_tpu);
+}  // namespace at::native
