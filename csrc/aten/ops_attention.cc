@@ -12,7 +12,8 @@
 // dropout, grouped-query heads (enable_gqa with fewer K/V heads), an attn_mask
 // that needs a gradient, float32 under a matmul precision other than
 // "highest" (the flash kernel computes exact float32, a TPU's DEFAULT/HIGH
-// passes round to bf16), nested tensors, other dtypes, ranks or strides, and
+// passes round to bf16), nested tensors, other dtypes, ranks or strides, traces
+// (torch.compile graphs: see flash_allowed), and
 // whenever `torch.nn.attention.sdpa_kernel` / torch.backends.cuda's switches
 // disable the flash backend (sdpa_kernel([SDPBackend.MATH]) forces math).
 #include <ATen/Context.h>
@@ -38,6 +39,12 @@ bool flash_allowed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   if (!at::globalContext().userEnabledFlashSDP()) return false;
   if (dropout_p > 0.0) return false;
   for (const at::Tensor* t : {&q, &k, &v}) {
+    // A trace (FakeTensor / FunctionalTensor: the Python key; symbolic sizes): torch.compile
+    // decomposes the flash op's forward into the math path, and that decomposition's second
+    // output is the attention matrix, not the log-sum-exp its backward expects. Traced graphs
+    // keep the math path (its softmax is also what dynamic-shape bucketing masks).
+    if (t->key_set().has(c10::DispatchKey::Python) || t->unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+      return false;
     if (t->is_nested() || t->dim() != 4 || t->stride(-1) != 1 || t->numel() == 0) return false;
   }
   if (q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type() || !flash_dtype(q.scalar_type()))

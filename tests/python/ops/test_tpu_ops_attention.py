@@ -160,14 +160,21 @@ def test_sdpa_flash_path_matches_cpu_forward_and_backward(mask):
         torch.testing.assert_close(ours.grad.cpu(), theirs.grad, atol=5e-5, rtol=1e-4)
 
 
-def test_splash_sdpa_compiles_as_a_library_call():
+def test_splash_sdpa_and_sdpa_compile_forward_and_backward():
+    """splash_sdpa is a library call in compiled graphs; SDPA there keeps the math path (torch.compile
+    decomposes the flash op's forward into math, whose second output its backward cannot use)."""
     g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(1, 2, 24, 8, generator=g).to(DEV) for _ in range(3))
-
-    def f(q, k, v):
-        return ops.splash_sdpa(q, k, v, local_window_size=6, block_q=8) * 2
-
-    torch.testing.assert_close(torch.compile(f, backend="tpu", fullgraph=True)(q, k, v).cpu(), f(q, k, v).cpu())
+    q, k, v = (torch.randn(1, 2, 24, 8, generator=g) for _ in range(3))
+    for f in (lambda q, k, v: ops.splash_sdpa(q, k, v, local_window_size=6, block_q=8) * 2,
+              lambda q, k, v: F.scaled_dot_product_attention(q, k, v) * 2):
+        eager = _leaves(q, k, v, device=DEV)
+        f(*eager).sum().backward()
+        compiled = _leaves(q, k, v, device=DEV)
+        out = torch.compile(f, backend="tpu", fullgraph=True)(*compiled)
+        out.sum().backward()
+        torch.testing.assert_close(out.detach().cpu(), f(*eager).detach().cpu())
+        for a, b in zip(compiled, eager):
+            torch.testing.assert_close(a.grad.cpu(), b.grad.cpu(), atol=1e-5, rtol=1e-5)
 
 
 def _qkv(*shapes, dtype=torch.float32, device=DEV):
