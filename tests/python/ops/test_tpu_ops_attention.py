@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import torch_tpu  # noqa: F401
+import torch_tpu
 import torch_tpu.tpu.ops as ops
 from helpers.devices import needs_v6e_8
 from torch_tpu.tpu.ops import _attention
@@ -222,3 +222,21 @@ def test_pallas_implementation_raises_until_built():
         with _attention.implementation("cuda"):
             pass
     assert ops.splash_sdpa(q, q, q).shape == (1, 1, 4, 8)
+
+
+@pytest.mark.parametrize("mode", ["debug", "defer_and_fuse"])
+def test_splash_sdpa_and_sdpa_in_other_eager_modes(mode):
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 20, 8, generator=g) for _ in range(3))
+    qc, kc, vc = _leaves(q, k, v)
+    ref = _reference(qc, kc, vc, is_causal=True, window=4)
+    ref.sum().backward()
+    qt, kt, vt = _leaves(q, k, v, device=DEV)
+    with torch_tpu.eager_mode(mode):
+        out = ops.splash_sdpa(qt * 1.0, kt, vt, local_window_size=4, block_q=8)
+        out.sum().backward()
+        plain = F.scaled_dot_product_attention(qt.detach() + 0.0, kt.detach(), vt.detach(), is_causal=True)
+    torch.testing.assert_close(out.detach().cpu(), ref.detach(), atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(qt.grad.cpu(), qc.grad, atol=5e-5, rtol=1e-4)
+    torch.testing.assert_close(plain.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=2e-5,
+                               rtol=1e-4)
