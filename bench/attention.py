@@ -3,10 +3,11 @@ today's math path on tpu (SDPA forced to the math backend with torch.nn.attentio
 against CPU eager SDPA, causal, forward + backward, in the same process.
 
 Each time is the median over `--repeats` calls (after one warm-up) of forward, backward and a
-torch.tpu.synchronize(); "peak" is the allocator's peak physical HBM bytes above the inputs during
-one such call (torch.tpu.max_memory_allocated). Ratios: math / splash and math / sdpa (above 1:
-the blocked kernel is faster), splash / cpu. The math path is skipped above `--math-max-t` (its
-T x T buffers: 4 of them in float32 per head at least).
+torch.tpu.synchronize(), the variants taking turns within each repeat; "peak" is the allocator's
+peak physical HBM bytes above the inputs during the warm-up call (torch.tpu.max_memory_allocated).
+Ratios: math / splash and math / sdpa (above 1: the blocked kernel is faster), splash / cpu. The
+math path is skipped above `--math-max-t` (its T x T buffers: 4 of them in float32 per head at
+least).
 
 Run: python bench/attention.py [--t 512,1024,2048,4096,8192] [--dtypes float32,bfloat16]
                                [--heads 2] [--dim 64] [--repeats 3] [--math-max-t 4096]
@@ -38,31 +39,35 @@ def _step(kind: str, q, k, v) -> None:
     q.grad = k.grad = v.grad = None
 
 
-def measure(kind: str, T: int, dtype: torch.dtype, heads: int, dim: int, repeats: int) -> tuple[float, int]:
-    """(median seconds per forward + backward, peak HBM bytes above the inputs; 0 on CPU)."""
-    dev = "cpu" if kind == "cpu" else DEV
+def measure(kinds, T: int, dtype: torch.dtype, heads: int, dim: int, repeats: int) -> dict:
+    """{kind: (median seconds per forward + backward, peak HBM bytes above the inputs; 0 on CPU)}.
+
+    The kinds take turns within each repeat, so a change in the machine's load hits them alike."""
     g = torch.Generator().manual_seed(T)
-    q, k, v = (torch.randn(1, heads, T, dim, generator=g).to(dev, dtype).requires_grad_(True) for _ in range(3))
+    host = [torch.randn(1, heads, T, dim, generator=g) for _ in range(3)]
+    inputs = {kind: [t.to("cpu" if kind == "cpu" else DEV, dtype).requires_grad_(True) for t in host]
+              for kind in kinds}
 
     def sync():
-        if dev != "cpu":
-            torch.tpu.synchronize()
+        torch.tpu.synchronize()
 
-    _step(kind, q, k, v)
-    sync()
-    peak = 0
-    if dev != "cpu":
+    samples = {kind: [] for kind in kinds}
+    peaks = dict.fromkeys(kinds, 0)
+    for kind in kinds:  # warm-up, and the peak of one call
+        sync()
         base = torch.tpu.memory_allocated()
         torch.tpu.reset_peak_memory_stats()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        _step(kind, q, k, v)
+        _step(kind, *inputs[kind])
         sync()
-        samples.append(time.perf_counter() - t0)
-    if dev != "cpu":
-        peak = torch.tpu.max_memory_allocated() - base
-    return statistics.median(samples), peak
+        if kind != "cpu":
+            peaks[kind] = torch.tpu.max_memory_allocated() - base
+    for _ in range(repeats):
+        for kind in kinds:
+            t0 = time.perf_counter()
+            _step(kind, *inputs[kind])
+            sync()
+            samples[kind].append(time.perf_counter() - t0)
+    return {kind: (statistics.median(samples[kind]), peaks[kind]) for kind in kinds}
 
 
 def main() -> None:
@@ -81,10 +86,9 @@ def main() -> None:
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
         for T in (int(t) for t in args.t.split(",")):
-            r = {kind: measure(kind, T, dtype, args.heads, args.dim, args.repeats)
-                 for kind in ("splash", "sdpa", "cpu")}
-            r["math"] = (measure("math", T, dtype, args.heads, args.dim, args.repeats) if T <= args.math_max_t
-                         else (float("nan"), 0))
+            kinds = ("splash", "sdpa", "cpu") + (("math",) if T <= args.math_max_t else ())
+            r = measure(kinds, T, dtype, args.heads, args.dim, args.repeats)
+            r.setdefault("math", (float("nan"), 0))
             ms = {k: v[0] * 1e3 for k, v in r.items()}
             mib = {k: v[1] / 2**20 for k, v in r.items()}
             math_peak = f"{mib['math']:.1f}" if T <= args.math_max_t else "-"
