@@ -1,5 +1,5 @@
 """torch.tpu.ops: optimization_barrier, max_pool{1,2,3}d(_backward) without indices, jagged
-NestedTensor alignment, and the TorchTPU members not built yet; values against CPU PyTorch."""
+NestedTensor alignment, and the list of TorchTPU members; values against CPU PyTorch."""
 
 import pytest
 import torch
@@ -173,14 +173,10 @@ def test_jagged_bad_input():
     assert ops.align_jagged_to_multiple(nt, 8).values().shape == (8, 4)
 
 
-# ----------------------------------------------------------------- not built yet
+# ----------------------------------------------------------------- the whole list
 
-@pytest.mark.parametrize("name", ["splash_sdpa", "sparse_dense_matmul", "sparse_gather", "sparse_iota",
-                                  "sparse_dense_matmul_grad_with_adam", "sparse_map_row"])
-def test_missing_members_raise_not_implemented_naming_why(name):
-    with pytest.raises(NotImplementedError, match=f"torch.tpu.ops.{name} is not implemented"):
-        getattr(ops, name)
-    assert not hasattr(ops, name)
+def test_every_member_is_built_and_unknown_names_raise_attribute_error():
+    assert ops.NOT_YET == {}
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         ops.nonexistent  # noqa: B018
 

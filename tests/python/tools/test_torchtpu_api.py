@@ -20,12 +20,6 @@ from torchtpu_api import API  # noqa: E402
 # Names (namespaces or single members) that raise NotImplementedError until their work lands;
 # remove an entry when it does (this test then compares its signatures).
 NOT_YET = {
-    # torch.tpu.ops members of issue 16 not built yet
-    *(f"torch.tpu.ops.{name}" for name in (
-        "splash_sdpa", "sparse_dense_matmul", "sparse_dense_matmul_grad_with_sgd",
-        "sparse_dense_matmul_grad_with_adagrad", "sparse_dense_matmul_grad_with_adam",
-        "sparse_dense_matmul_activation_unstack", "sparse_dense_matmul_gradient_stack", "sparse_gather",
-        "sparse_gather_backward", "sparse_iota", "sparse_map_row")),
 }
 
 CASES = [(ns, name) for ns in sorted(API) for name in sorted(API[ns])]
