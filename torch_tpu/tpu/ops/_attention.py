@@ -223,8 +223,9 @@ def splash_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: flo
     ``[..., T, D]``) are TorchTPU's Pallas kernel's tiling and layout choices: checked, then
     unused by the vTPU's kernel. Which kernel runs is chosen with :func:`implementation` (a
     context manager of this module, not in TorchTPU's signature): ``"flash"`` (default, ATen's
-    blocked kernel on the chip) or ``"pallas"`` (JAX's splash kernel through ``torch.tpu.pallas``;
-    raises NotImplementedError until that bridge provides it).
+    blocked kernel on the chip) or ``"pallas"`` (JAX's splash kernel run by ``torch.tpu.pallas``
+    in Pallas's TPU interpret mode: needs the ``pallas`` extra; forward only, no local window —
+    NotImplementedError otherwise; block sizes must divide the sequence lengths).
 
     Raises TypeError for non-tensors, a dtype mismatch or an unsupported dtype; ValueError naming
     the argument for a rank, batch, head-count or head-dim mismatch (``v``'s head dim must equal
@@ -266,12 +267,21 @@ def _flash_implementation(q, k, v, scale, is_causal, window, block_q):
 
 
 def _pallas_implementation(q, k, v, scale, is_causal, window, block_q):
-    raise NotImplementedError("splash_sdpa: the 'pallas' implementation (JAX's splash attention kernel run through "
-                              "torch.tpu.pallas) is not built yet; use the default 'flash'")
+    # JAX's splash kernel in Pallas's TPU interpret mode (the pallas extra); forward only, full or causal mask.
+    if window:
+        raise NotImplementedError("splash_sdpa: the 'pallas' implementation has no local window; use 'flash'")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError("splash_sdpa: the 'pallas' implementation has no backward (JAX's splash kernel "
+                                  "is wrapped forward only); use 'flash' for training")
+    from torch_tpu.tpu.pallas import kernels  # imports JAX: only when asked for
+
+    if k.shape[1] != q.shape[1]:  # grouped-query: the kernel takes as many K/V heads as query heads
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return kernels.splash_attention(q, k, v, causal=is_causal, scale=scale, block_q=block_q)
 
 
-# name -> fn(q, k, v, scale, is_causal, window (0: none), block_q) -> out [B, Hq, T, D]; torch.tpu.pallas may
-# replace "pallas" with the real kernel.
+# name -> fn(q, k, v, scale, is_causal, window (0: none), block_q) -> out [B, Hq, T, D].
 _IMPLEMENTATIONS = {"flash": _flash_implementation, "pallas": _pallas_implementation}
 class _Choice(threading.local):
     name = "flash"
