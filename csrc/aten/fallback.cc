@@ -13,7 +13,12 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -108,6 +113,121 @@ std::vector<QueuedArg> queue_args(const c10::FunctionSchema& schema, c10::ArrayR
     }
   }
   return out;
+}
+
+// Strict mode raises argument and dtype errors at the call, as CPU does. Meta
+// kernels check shapes; what only the CPU kernel checks (unsupported dtypes,
+// scalar arguments out of range, casting rules) is learned from the first call
+// of each signature, which runs synchronously: the op, every argument's device,
+// dtype and rank, and each scalar's kind (type, sign, the widest dtype it fits,
+// small integers and strings exactly). A signature whose call failed is not
+// remembered, so it raises each time; later calls with a remembered signature
+// are queued, and only their data-dependent failures stay asynchronous.
+class SignatureKey {
+ public:
+  explicit SignatureKey(const void* op) : h_(reinterpret_cast<uintptr_t>(op)) {}
+  void add(uint64_t v) { h_ = (h_ ^ (v + 0x9e3779b97f4a7c15ull + (h_ << 6) + (h_ >> 2))) * 0xff51afd7ed558ccdull; }
+  void tensor(const at::Tensor& t) {
+    if (!t.defined()) return add(1);
+    add(2 + (t.device().type() == kTPU ? 0 : 1));
+    add(static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()) << 1 |
+        t.unsafeGetTensorImpl()->is_wrapped_number());
+    add(t.numel() == 0);
+  }
+  void integer(int64_t v) {
+    if (v >= -64 && v < 64) return add(static_cast<uint64_t>(v + 100));  // dims, dtypes, enums: exact
+    const uint64_t m = v < 0 ? ~static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+    add(1000 + (v < 0) * 100 + (64 - __builtin_clzll(m)));  // sign and the width it needs
+  }
+  void real(double d) {
+    int cls = std::isnan(d) ? 1 : std::isinf(d) ? (d > 0 ? 2 : 3) : d == 0 ? 4 : 5;
+    if (cls == 5) {
+      const double a = std::fabs(d);
+      cls = 10 + (d < 0) + 2 * (a == std::floor(a)) + 4 * (a > 65504.0) + 8 * (a > 3.4028234663852886e38) +
+            16 * (a < 1.1754943508222875e-38) + 32 * (a > 9007199254740992.0);
+    }
+    add(2000 + cls);
+  }
+  void value(const IValue& v) {
+    if (v.isTensor()) {
+      tensor(v.toTensor());
+    } else if (v.isTensorList()) {
+      add(3000 + v.toTensorList().size());
+      for (const at::Tensor& t : v.toTensorList()) tensor(t);
+    } else if (v.isOptionalTensorList()) {
+      add(4000 + v.toOptionalTensorList().size());
+      for (const auto& e : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = e;
+        tensor(t.has_value() ? *t : at::Tensor());
+      }
+    } else if (v.isBool()) {
+      add(5000 + v.toBool());
+    } else if (v.isInt()) {
+      add(5002), integer(v.toInt());
+    } else if (v.isDouble()) {
+      real(v.toDouble());
+    } else if (v.isComplexDouble()) {
+      const auto c = v.toComplexDouble();
+      add(5003), real(c.real()), real(c.imag());
+    } else if (v.isIntList()) {
+      add(6000 + v.toIntList().size());
+      for (int64_t i : v.toIntList()) integer(i);
+    } else if (v.isDoubleList()) {
+      add(7000 + v.toDoubleList().size());
+      for (double d : v.toDoubleList()) real(d);
+    } else if (v.isString()) {
+      add(8000 + std::hash<std::string>()(v.toStringRef()));
+    } else if (v.isDevice()) {
+      add(9000 + static_cast<uint64_t>(v.toDevice().type()));
+    } else {
+      add(10000 + std::hash<std::string>()(v.tagKind()));  // None, generator, ...: by kind
+    }
+  }
+  uint64_t hash() const { return h_; }
+
+ private:
+  uint64_t h_;
+};
+
+uint64_t signature_key(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args) {
+  SignatureKey key(&op.schema());
+  for (const IValue& v : args) key.value(v);
+  return key.hash();
+}
+
+constexpr size_t kValidatedSignatures = 1 << 16;
+thread_local std::unordered_set<uint64_t> validated_signatures;
+
+// Off with TORCH_TPU_VALIDATE_FIRST_CALL=0 (every strict call queued at once, as before).
+bool validate_first_calls() {
+  static const bool on = [] {
+    const char* v = std::getenv("TORCH_TPU_VALIDATE_FIRST_CALL");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+// Queues `work` on `stream`; a signature not yet seen on this thread runs now
+// (on the stream, waited for) and its failure is raised here with the CPU
+// kernel's own exception type and message.
+void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_t key, bool validate,
+                         std::function<void()> work) {
+  if (!validate) {
+    stream.enqueue_named(label.c_str(), std::move(work));
+    return;
+  }
+  auto failure = std::make_shared<std::exception_ptr>();
+  stream.enqueue_named(label.c_str(), [work = std::move(work), failure] {
+    try {
+      work();
+    } catch (...) {
+      *failure = std::current_exception();
+    }
+  });
+  synchronize_stream(stream);
+  if (*failure) std::rethrow_exception(*failure);
+  if (validated_signatures.size() >= kValidatedSignatures) validated_signatures.clear();
+  validated_signatures.insert(key);
 }
 
 // Rebuilds arguments as tensors of `builder`'s device type.
@@ -287,31 +407,35 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
         (exact_cpu_kernel || !info.matmul)) {
       out_op = info.out_variant;
     }
+    const uint64_t key = validate_first_calls() ? signature_key(op, args) : 0;
+    const bool validate = validate_first_calls() && !validated_signatures.count(key);
     if (out_op) {
-      stream.enqueue_named(label.c_str(), [op = *out_op, queued = std::move(queued), fresh = std::move(fresh)] {
-        AliasBuilder host(c10::kCPU);
-        auto cpu = build_stack(queued, host);
-        for (const auto& r : fresh) cpu.push_back(host.alias(r));
-        at::AutoDispatchBelowADInplaceOrView below_autograd;
-        op.callBoxed(&cpu);
-      });
+      enqueue_or_validate(stream, label, key, validate,
+                          [op = *out_op, queued = std::move(queued), fresh = std::move(fresh)] {
+                            AliasBuilder host(c10::kCPU);
+                            auto cpu = build_stack(queued, host);
+                            for (const auto& r : fresh) cpu.push_back(host.alias(r));
+                            at::AutoDispatchBelowADInplaceOrView below_autograd;
+                            op.callBoxed(&cpu);
+                          });
       torch::jit::drop(*stack, num_args);
       for (auto& v : results) stack->push_back(std::move(v));
       return;
     }
-    stream.enqueue_named(label.c_str(), [op, queued = std::move(queued), fresh = std::move(fresh),
-                                         fresh_slot = std::move(fresh_slot), precision] {
-      AliasBuilder host(c10::kCPU);
-      auto cpu = build_stack(queued, host);
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      call_with_matmul_precision(op, &cpu, precision);
-      for (size_t i = 0; i < fresh.size(); ++i) {
-        auto [r, k] = fresh_slot[i];
-        const IValue& v = cpu[r];
-        at::Tensor result = v.isTensor() ? v.toTensor() : v.toTensorList().get(k);
-        host.alias(fresh[i]).copy_(result);
-      }
-    });
+    enqueue_or_validate(
+        stream, label, key, validate,
+        [op, queued = std::move(queued), fresh = std::move(fresh), fresh_slot = std::move(fresh_slot), precision] {
+          AliasBuilder host(c10::kCPU);
+          auto cpu = build_stack(queued, host);
+          at::AutoDispatchBelowADInplaceOrView below_autograd;
+          call_with_matmul_precision(op, &cpu, precision);
+          for (size_t i = 0; i < fresh.size(); ++i) {
+            auto [r, k] = fresh_slot[i];
+            const IValue& v = cpu[r];
+            at::Tensor result = v.isTensor() ? v.toTensor() : v.toTensorList().get(k);
+            host.alias(fresh[i]).copy_(result);
+          }
+        });
   }
   torch::jit::drop(*stack, num_args);
   for (auto& v : results) stack->push_back(std::move(v));
