@@ -172,6 +172,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_current_device", [] { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int i) { translate_errors([&] { set_current_device(static_cast<c10::DeviceIndex>(i)); }); });
   m.def(
+      "_wait_all_chips_idle", [] { wait_all_chips_idle(); }, py::call_guard<py::gil_scoped_release>());
+  m.def(
       "_synchronize", [](int i) { synchronize_device(static_cast<c10::DeviceIndex>(i)); },
       py::call_guard<py::gil_scoped_release>());
   // At interpreter exit: the autograd engine's thread for a chip may still hold

@@ -98,6 +98,20 @@ void synchronize_device(c10::DeviceIndex index) {
   translate_errors([&] { run_blocking([&] { c.synchronize(); }); });
 }
 
+void wait_all_chips_idle() {
+  vtpu::Runtime* rt;
+  try {
+    rt = &runtime();
+  } catch (...) {
+    return;  // no runtime: nothing queued
+  }
+  for (int i = 0; i < rt->device_count(); ++i) {
+    defer_flush_device(static_cast<c10::DeviceIndex>(i));
+    auto& c = rt->chip(i);
+    run_blocking([&] { c.wait_idle(); });
+  }
+}
+
 void synchronize_stream(vtpu::Stream& stream) {
   defer_flush_device(static_cast<c10::DeviceIndex>(stream.chip()));
   translate_errors([&] { run_blocking([&] { stream.synchronize(); }); });
