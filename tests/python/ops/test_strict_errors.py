@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import torch_tpu
-
 from helpers.devices import needs_v6e_8
 
 pytestmark = needs_v6e_8
