@@ -26,8 +26,10 @@ import torch_tpu  # noqa: F401
 
 def ops(n: int):
     """(name, fn(tensors), make(device) -> tensors) for an n-sized problem."""
+
     def sq(dev, dtype=torch.float32):
         return torch.randn(n, n, device=dev, dtype=dtype)
+
     conv_n = max(8, n // 16)
     return [
         ("add", lambda a, b: a + b, lambda d: (sq(d), sq(d))),
@@ -45,13 +47,19 @@ def ops(n: int):
         ("softmax", lambda a: a.softmax(-1), lambda d: (sq(d),)),
         ("layer_norm", lambda a: F.layer_norm(a, (n,)), lambda d: (sq(d),)),
         ("embedding", F.embedding, lambda d: (torch.randint(0, n, (n,), device=d), sq(d))),
-        ("index_select", lambda a, i: a.index_select(0, i),
-         lambda d: (sq(d), torch.randint(0, n, (n // 2,), device=d))),
+        (
+            "index_select",
+            lambda a, i: a.index_select(0, i),
+            lambda d: (sq(d), torch.randint(0, n, (n // 2,), device=d)),
+        ),
         ("gather", lambda a, i: a.gather(1, i), lambda d: (sq(d), torch.randint(0, n, (n, 4), device=d))),
         ("transpose+contiguous", lambda a: a.t().contiguous(), lambda d: (sq(d),)),
         ("cat", lambda a, b: torch.cat([a, b]), lambda d: (sq(d), sq(d))),
-        ("conv2d", lambda x, w: F.conv2d(x, w, padding=1),
-         lambda d: (torch.randn(2, 8, conv_n, conv_n, device=d), torch.randn(8, 8, 3, 3, device=d))),
+        (
+            "conv2d",
+            lambda x, w: F.conv2d(x, w, padding=1),
+            lambda d: (torch.randn(2, 8, conv_n, conv_n, device=d), torch.randn(8, 8, 3, 3, device=d)),
+        ),
         ("bf16 add", lambda a, b: a + b, lambda d: (sq(d, torch.bfloat16), sq(d, torch.bfloat16))),
     ]
 
@@ -102,8 +110,13 @@ def ab(a):
     for _ in range(a.rounds):
         for label, extra in (("without", {}), ("with", {var: value})):
             env = {k: v for k, v in os.environ.items() if k != var} | extra
-            out = subprocess.run([sys.executable, __file__, "--iters", str(a.iters), "--repeats", str(a.repeats),
-                                  "--sizes", a.sizes], env=env, capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                [sys.executable, __file__, "--iters", str(a.iters), "--repeats", str(a.repeats), "--sizes", a.sizes],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             for line in out.splitlines()[1:]:
                 parts = line.rsplit(None, 4)
                 if len(parts) == 5 and parts[1].isdigit():

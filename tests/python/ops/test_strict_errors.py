@@ -26,8 +26,10 @@ CASES = {
     "random_from_out_of_range": (lambda x: x.random_(-1, 5), lambda d: (torch.empty(3, dtype=torch.uint8, device=d),)),
     "random_to_out_of_range": (lambda x: x.random_(0, 300), lambda d: (torch.empty(3, dtype=torch.int8, device=d),)),
     "int_pow_negative": (lambda x: torch.pow(x, -2), lambda d: (torch.arange(3, device=d),)),
-    "index_fill_complex_value": (lambda x, i: x.index_fill_(0, i, 1.5j),
-                                 lambda d: (torch.arange(3, device=d), torch.tensor([0], device=d))),
+    "index_fill_complex_value": (
+        lambda x, i: x.index_fill_(0, i, 1.5j),
+        lambda d: (torch.arange(3, device=d), torch.tensor([0], device=d)),
+    ),
 }
 
 
