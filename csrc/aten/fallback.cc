@@ -23,6 +23,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -41,6 +42,7 @@
 #include "runtime/errors.h"
 #include "runtime/generator.h"
 #include "runtime/host_alias.h"
+#include "runtime/kernel_warnings.h"
 #include "runtime/tensor_factory.h"
 
 namespace torch_tpu {
@@ -212,22 +214,31 @@ bool validate_first_calls() {
 // kernel's own exception type and message.
 void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_t key, bool validate,
                          std::function<void()> work) {
+  std::vector<std::string> known = last_meta_warnings();
   if (!validate) {
-    stream.enqueue_named(label.c_str(), std::move(work));
+    stream.enqueue_named(label.c_str(),
+                         [work = std::move(work), known = std::move(known), issuer = std::this_thread::get_id()] {
+                           queue_warnings(issuer, run_collecting_warnings(work, known));
+                         });
     return;
   }
-  auto failure = std::make_shared<std::exception_ptr>();
-  stream.enqueue_named(label.c_str(), [work = std::move(work), failure] {
+  struct Outcome {
+    std::exception_ptr failure;
+    std::vector<c10::Warning> warnings;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  stream.enqueue_named(label.c_str(), [work = std::move(work), known = std::move(known), outcome] {
     try {
-      work();
+      outcome->warnings = run_collecting_warnings(work, known);
     } catch (...) {
-      *failure = std::current_exception();
+      outcome->failure = std::current_exception();
     }
   });
   synchronize_stream(stream);
-  if (*failure) std::rethrow_exception(*failure);
+  if (outcome->failure) std::rethrow_exception(outcome->failure);
   if (validated_signatures.size() >= kValidatedSignatures) validated_signatures.clear();
   validated_signatures.insert(key);
+  rewarn(outcome->warnings);  // at the call, on the calling thread
 }
 
 // Rebuilds arguments as tensors of `builder`'s device type.
@@ -582,6 +593,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
   // CompositeExplicitAutograd, but it rejects devices other than CPU/CUDA/XPU.
   m.impl("mode.values", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  // Structured ops whose functional form PrivateUse1 would get from a generic
+  // wrapper (meta, then the out= kernel): the CPU kernel itself, so that its
+  // checks and warnings happen once, as on CPU.
+  m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
 }
 }  // namespace torch_tpu
 

@@ -26,8 +26,13 @@ def _record(fn, sync=True):
 
 @pytest.fixture(autouse=True)
 def _strict():
-    with torch_tpu.eager_mode("strict"):
-        yield
+    saved = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)  # TORCH_WARN_ONCE warns each time: a test can see every warning
+    try:
+        with torch_tpu.eager_mode("strict"):
+            yield
+    finally:
+        torch.set_warn_always(saved)
 
 
 def _searchsorted_args(device):
@@ -44,9 +49,13 @@ def test_kernel_warning_reaches_python_at_the_first_call():
     got = _record(lambda: torch.searchsorted(s, v), sync=False)  # no synchronization: at the call
     assert sum(NONCONTIG in m for m in got) == 1, got
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # -W error
+        warnings.simplefilter("error")  # -W error: the first call of a signature raises at the call
+        s16, v16 = s.to(torch.int32), (v * 10).to(torch.int32)
         with pytest.raises(UserWarning, match=NONCONTIG):
-            torch.searchsorted(s, v)
+            torch.searchsorted(s16, v16)
+        with pytest.raises(UserWarning, match=NONCONTIG):  # a queued call: at the next synchronization
+            torch.searchsorted(s16, v16)
+            torch.tpu.synchronize()
     torch.tpu.synchronize()
 
 
