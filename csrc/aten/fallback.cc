@@ -10,6 +10,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
@@ -323,11 +324,32 @@ std::vector<at::Tensor> result_tensors(const std::vector<IValue>& results) {
   return out;
 }
 
+// Calls whose meta kernel disagrees with the CPU kernel, though the op's others agree:
+// factories into an out= of the right element count but another shape or strides (CPU
+// fills it as it is; the meta reference resizes it), nansum over dim=[] (CPU reduces
+// every dimension; the meta kernel none).
+bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  if (info.meta_check == OpInfo::MetaCheck::kNone) return false;
+  const size_t n = schema.arguments().size();
+  auto arg = [&](size_t i) -> const IValue& { return stack[stack.size() - n + i]; };
+  if (info.meta_check == OpInfo::MetaCheck::kFactoryOut) {
+    const IValue& out = arg(n - 1);
+    if (!out.isTensor()) return false;
+    const at::Tensor& t = out.toTensor();
+    return t.defined() && t.numel() > 0 && (t.dim() != 1 || !t.is_contiguous());
+  }
+  for (size_t i = 0; i < n; ++i) {  // kEmptyDims
+    if (schema.arguments()[i].name() == "dim" && arg(i).isIntList() && arg(i).toIntList().empty()) return true;
+  }
+  return false;
+}
+
 void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpInfo& info) {
   const auto& schema = op.schema();
   const std::string& label = info.label;
   const bool meta_anyway = info.meta_disagrees && dry_run();  // no CPU results to take shapes from
-  if (!info.returns_only_tensors || (info.no_meta.load(std::memory_order_relaxed) && !meta_anyway)) {
+  if (!info.returns_only_tensors || (info.no_meta.load(std::memory_order_relaxed) && !meta_anyway) ||
+      meta_disagrees_here(info, op.schema(), *stack)) {
     run_now(op, stack, label);
     return;
   }
@@ -500,6 +522,9 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       clear_undefined_if_whole(self);  // the fill below writes every element
     }
   }
+  TORCH_CHECK_NOT_IMPLEMENTED(!info.quantized, info.label,
+                              ": quantized tensors are not supported on tpu (TPUs have no "
+                              "quantized layouts); quantize on the CPU, or use int8 tensors with explicit scales");
   const EagerMode mode = eager_mode();
   if (mode == EagerMode::kDeferAndFuse && defer_record(op, stack, info)) return;
   DeferChecked deferred(op, *stack);  // flushes a pending region this op reads or writes
@@ -531,7 +556,12 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
     const auto* a = alias_of(schema.arguments()[i]);
     if (a && a->isWrite() && schema.arguments()[i].kwarg_only() && cpu[i].isTensor()) {
       is_out[i] = true;
-      cpu[i] = at::empty({0}, cpu[i].toTensor().options());
+      // A host tensor of the out= argument's own geometry and values: the CPU kernel
+      // decides whether to resize it (and warns as on CPU), a view keeps its strides.
+      const at::Tensor alias = cpu[i].toTensor();
+      at::Tensor fresh = at::empty_strided(alias.sizes(), alias.strides(), alias.options());
+      if (alias.numel() > 0) fresh.copy_(alias);
+      cpu[i] = fresh;
     }
   }
   std::vector<IValue> cpu_args(cpu.begin(), cpu.end());

@@ -83,6 +83,13 @@ OpInfo* build(const c10::OperatorHandle& op) {
                                                                  "aten::max_unpool2d",
                                                                  "aten::max_unpool3d"};
   if (meta_disagrees.count(schema.name())) info->no_meta = info->meta_disagrees = true;
+  const std::string& name = schema.name();
+  if (name == "aten::arange" || name == "aten::linspace" || name == "aten::logspace") {
+    info->meta_check = OpInfo::MetaCheck::kFactoryOut;
+  }
+  if (name == "aten::nansum") info->meta_check = OpInfo::MetaCheck::kEmptyDims;
+  info->quantized = name.rfind("aten::quantize_per", 0) == 0 || name.rfind("aten::_make_per_", 0) == 0 ||
+                    name == "aten::_empty_affine_quantized" || name == "aten::_empty_per_channel_affine_quantized";
   info->out_variant = find_out_variant(op);
   return info;
 }
