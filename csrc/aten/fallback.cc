@@ -14,6 +14,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -202,13 +203,14 @@ constexpr size_t kValidatedSignatures = 1 << 16;
 thread_local std::unordered_set<uint64_t> validated_signatures;
 
 // Off with TORCH_TPU_VALIDATE_FIRST_CALL=0 (every strict call queued at once, as before).
-bool validate_first_calls() {
-  static const bool on = [] {
+std::atomic<bool>& validate_flag() {
+  static std::atomic<bool> on{[] {
     const char* v = std::getenv("TORCH_TPU_VALIDATE_FIRST_CALL");
     return !(v && std::string(v) == "0");
-  }();
+  }()};
   return on;
 }
+bool validate_first_calls() { return validate_flag().load(std::memory_order_relaxed); }
 
 // Queues `work` on `stream`; a signature not yet seen on this thread runs now
 // (on the stream, waited for) and its failure is raised here with the CPU
@@ -235,7 +237,9 @@ void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_
       outcome->failure = std::current_exception();
     }
   });
-  synchronize_stream(stream);
+  // Waits for it; an earlier op's failure stays for the next synchronization
+  // rather than being raised here, at an unrelated op.
+  wait_stream_idle(stream);
   if (outcome->failure) std::rethrow_exception(outcome->failure);
   if (validated_signatures.size() >= kValidatedSignatures) validated_signatures.clear();
   validated_signatures.insert(key);
@@ -536,6 +540,9 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 }  // namespace
+
+void set_validate_first_calls(bool on) { validate_flag().store(on); }
+bool validating_first_calls() { return validate_first_calls(); }
 
 // Synchronous path: wait for the chip, run the CPU kernel on host aliases now.
 void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& label) {

@@ -125,6 +125,11 @@ void wait_all_chips_idle() {
   }
 }
 
+void wait_stream_idle(vtpu::Stream& stream) {
+  defer_flush_device(static_cast<c10::DeviceIndex>(stream.chip()));
+  translate_errors([&] { run_blocking([&] { stream.wait_idle(); }); });
+}
+
 void synchronize_stream(vtpu::Stream& stream) {
   defer_flush_device(static_cast<c10::DeviceIndex>(stream.chip()));
   wait_then_warn([&] { stream.synchronize(); });

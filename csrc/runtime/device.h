@@ -36,6 +36,8 @@ void synchronize_device(c10::DeviceIndex index = -1);
 // algorithms, matmul precision) drain the queues before they change, so queued
 // work runs with the values of its call.
 void wait_all_chips_idle();
+// Waits for one stream, leaving earlier failures pending for the next synchronization.
+void wait_stream_idle(vtpu::Stream& stream);
 // Waits for one stream; raises RuntimeError for failed work.
 void synchronize_stream(vtpu::Stream& stream);
 

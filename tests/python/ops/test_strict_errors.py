@@ -65,9 +65,12 @@ def test_data_dependent_error_is_sticky_and_names_the_op():
         torch.testing.assert_close((a // ok).cpu(), torch.arange(6))  # the signature is learned: now queued
         zero = torch.zeros(6, dtype=torch.long, device="tpu")
         a // zero  # integer division by zero: only the data says so
+        # A later op's synchronous first call does not raise floor_divide's error as its own.
+        c = torch.cos(a.to(torch.float64))
         with pytest.raises(RuntimeError, match=r"error in asynchronously executed op 'aten::floor_divide") as info:
             torch.tpu.synchronize()
         assert "ZeroDivisionError" in str(info.value)
+        torch.testing.assert_close(c.cpu(), torch.cos(torch.arange(6.0).double()))
         # Raised once: the next synchronizing call (e.g. manual_seed) does not repeat it.
         torch.manual_seed(0)
         torch.tpu.synchronize()
