@@ -76,3 +76,9 @@ def test_debug_uint8_mask_is_a_mask_not_an_index():
     with pytest.warns(UserWarning, match="uint8 is now deprecated"):
         want = x[m]
     torch.testing.assert_close(got, want)
+
+
+def test_quantized_empty_raises_not_implemented_at_the_call():
+    with pytest.raises(NotImplementedError, match="quantized tensors are not supported on tpu"):
+        torch._empty_affine_quantized([2, 3], scale=0.1, zero_point=0, dtype=torch.quint8, device="tpu")
+    torch.testing.assert_close((torch.ones(2, device="tpu") * 3).cpu(), torch.full((2,), 3.0))
