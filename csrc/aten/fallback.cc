@@ -649,6 +649,15 @@ void sparse_not_supported(const c10::OperatorHandle& op, torch::jit::Stack*) {
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_not_supported>());
 }
+// Quantized layouts: the same, for ops on quantized tpu tensors.
+void quantized_not_supported(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op_info(op).label,
+                              ": quantized tensors are not supported on tpu (TPUs have no quantized "
+                              "layouts); quantize on the CPU, or use int8 tensors with explicit scales");
+}
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantized_not_supported>());
+}
 TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_not_supported>());
 }
