@@ -4,10 +4,18 @@ time to issue `--iters` calls and wait for them (tpu: torch.tpu.synchronize()),
 divided by `--iters`; the last column is tpu / cpu.
 
 Run: python bench/ops.py [--iters N] [--sizes 64,1024,4096]
+
+A/B of a setting, same machine, interleaved: `--ab TORCH_TPU_VALIDATE_FIRST_CALL=0` runs the
+table `--rounds` times in child processes alternately with and without that environment
+setting and prints, per op, the fastest tpu time of each and their ratio (under load the
+minimum over rounds is the stable figure).
 """
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -18,8 +26,10 @@ import torch_tpu  # noqa: F401
 
 def ops(n: int):
     """(name, fn(tensors), make(device) -> tensors) for an n-sized problem."""
+
     def sq(dev, dtype=torch.float32):
         return torch.randn(n, n, device=dev, dtype=dtype)
+
     conv_n = max(8, n // 16)
     return [
         ("add", lambda a, b: a + b, lambda d: (sq(d), sq(d))),
@@ -37,13 +47,19 @@ def ops(n: int):
         ("softmax", lambda a: a.softmax(-1), lambda d: (sq(d),)),
         ("layer_norm", lambda a: F.layer_norm(a, (n,)), lambda d: (sq(d),)),
         ("embedding", F.embedding, lambda d: (torch.randint(0, n, (n,), device=d), sq(d))),
-        ("index_select", lambda a, i: a.index_select(0, i),
-         lambda d: (sq(d), torch.randint(0, n, (n // 2,), device=d))),
+        (
+            "index_select",
+            lambda a, i: a.index_select(0, i),
+            lambda d: (sq(d), torch.randint(0, n, (n // 2,), device=d)),
+        ),
         ("gather", lambda a, i: a.gather(1, i), lambda d: (sq(d), torch.randint(0, n, (n, 4), device=d))),
         ("transpose+contiguous", lambda a: a.t().contiguous(), lambda d: (sq(d),)),
         ("cat", lambda a, b: torch.cat([a, b]), lambda d: (sq(d), sq(d))),
-        ("conv2d", lambda x, w: F.conv2d(x, w, padding=1),
-         lambda d: (torch.randn(2, 8, conv_n, conv_n, device=d), torch.randn(8, 8, 3, 3, device=d))),
+        (
+            "conv2d",
+            lambda x, w: F.conv2d(x, w, padding=1),
+            lambda d: (torch.randn(2, 8, conv_n, conv_n, device=d), torch.randn(8, 8, 3, 3, device=d)),
+        ),
         ("bf16 add", lambda a, b: a + b, lambda d: (sq(d, torch.bfloat16), sq(d, torch.bfloat16))),
     ]
 
@@ -66,7 +82,11 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--sizes", default="64,1024,4096")
+    p.add_argument("--ab", metavar="VAR=VALUE", help="compare tpu times with and without this environment setting")
+    p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
+    if a.ab:
+        return ab(a)
     print(f"{'op':22} {'n':>5} {'tpu us':>10} {'cpu us':>10} {'tpu/cpu':>8}")
     ratios = {}
     for n in [int(s) for s in a.sizes.split(",")]:
@@ -81,6 +101,35 @@ def main():
             print(f"{name:22} {n:5d} {t * 1e6:10.1f} {c * 1e6:10.1f} {t / c:8.2f}", flush=True)
     for n, r in ratios.items():
         print(f"n={n}: geometric-mean tpu/cpu {statistics.geometric_mean(r):.2f}")
+
+
+def ab(a):
+    """Runs the table alternately with and without `a.ab` set; prints per-op minimum tpu times."""
+    var, _, value = a.ab.partition("=")
+    best = {}
+    for _ in range(a.rounds):
+        for label, extra in (("without", {}), ("with", {var: value})):
+            env = {k: v for k, v in os.environ.items() if k != var} | extra
+            out = subprocess.run(
+                [sys.executable, __file__, "--iters", str(a.iters), "--repeats", str(a.repeats), "--sizes", a.sizes],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            for line in out.splitlines()[1:]:
+                parts = line.rsplit(None, 4)
+                if len(parts) == 5 and parts[1].isdigit():
+                    key = (parts[0], int(parts[1]))
+                    t = float(parts[2])
+                    best.setdefault(key, {}).setdefault(label, t)
+                    best[key][label] = min(best[key][label], t)
+    print(f"{'op':22} {'n':>5} {'default us':>10} {a.ab + ' us':>30} {'default/other':>13}")
+    ratios = []
+    for (name, n), t in best.items():
+        ratios.append(t["without"] / t["with"])
+        print(f"{name:22} {n:5d} {t['without']:10.1f} {t['with']:30.1f} {ratios[-1]:13.2f}")
+    print(f"geometric-mean default/other {statistics.geometric_mean(ratios):.3f}")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,10 @@ torch.utils.generate_methods_for_privateuse1_backend(
     for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
 )
 
+from . import _queued_state  # noqa: E402
+
+_queued_state.install()  # queued work keeps the default dtype, matmul precision, ... of its call
+
 from .eager import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402
 from . import debug  # noqa: E402,F401  (defer_and_fuse counters)
 from . import distributed  # noqa: E402,F401  (registers the tpu_dist backend)

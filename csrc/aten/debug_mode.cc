@@ -102,7 +102,7 @@ void check_index_bounds(const std::string& name, const std::vector<IValue>& args
     int64_t dim = 0;
     for (const auto& e : args[1].toOptionalTensorList()) {
       std::optional<at::Tensor> idx = e;
-      if (idx.has_value() && idx->defined() && idx->scalar_type() == at::kBool) {
+      if (idx.has_value() && idx->defined() && (idx->scalar_type() == at::kBool || idx->scalar_type() == at::kByte)) {
         dim += idx->dim();
         continue;
       }

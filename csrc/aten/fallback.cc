@@ -10,14 +10,22 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -37,6 +45,7 @@
 #include "runtime/errors.h"
 #include "runtime/generator.h"
 #include "runtime/host_alias.h"
+#include "runtime/kernel_warnings.h"
 #include "runtime/tensor_factory.h"
 
 namespace torch_tpu {
@@ -130,6 +139,133 @@ std::vector<QueuedArg> queue_args(const c10::OperatorHandle& handle, c10::ArrayR
   return out;
 }
 
+// Strict mode raises argument and dtype errors at the call, as CPU does. Meta
+// kernels check shapes; what only the CPU kernel checks (unsupported dtypes,
+// scalar arguments out of range, casting rules) is learned from the first call
+// of each signature, which runs synchronously: the op, every argument's device,
+// dtype and rank, and each scalar's kind (type, sign, the widest dtype it fits,
+// small integers and strings exactly). A signature whose call failed is not
+// remembered, so it raises each time; later calls with a remembered signature
+// are queued, and only their data-dependent failures stay asynchronous.
+class SignatureKey {
+ public:
+  explicit SignatureKey(const void* op) : h_(reinterpret_cast<uintptr_t>(op)) {}
+  void add(uint64_t v) { h_ = (h_ ^ (v + 0x9e3779b97f4a7c15ull + (h_ << 6) + (h_ >> 2))) * 0xff51afd7ed558ccdull; }
+  void tensor(const at::Tensor& t) {
+    if (!t.defined()) return add(1);
+    add(2 + (t.device().type() == kTPU ? 0 : 1));
+    add(static_cast<uint64_t>(t.scalar_type()) << 8 | static_cast<uint64_t>(t.dim()) << 1 |
+        t.unsafeGetTensorImpl()->is_wrapped_number());
+    add(t.numel() == 0);
+  }
+  void integer(int64_t v) {
+    if (v >= -64 && v < 64) return add(static_cast<uint64_t>(v + 100));  // dims, dtypes, enums: exact
+    const uint64_t m = v < 0 ? ~static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
+    add(1000 + (v < 0) * 100 + (64 - __builtin_clzll(m)));  // sign and the width it needs
+  }
+  void real(double d) {
+    int cls = std::isnan(d) ? 1 : std::isinf(d) ? (d > 0 ? 2 : 3) : d == 0 ? 4 : 5;
+    if (cls == 5) {
+      const double a = std::fabs(d);
+      cls = 10 + (d < 0) + 2 * (a == std::floor(a)) + 4 * (a > 65504.0) + 8 * (a > 3.4028234663852886e38) +
+            16 * (a < 1.1754943508222875e-38) + 32 * (a > 9007199254740992.0);
+    }
+    add(2000 + cls);
+  }
+  void value(const IValue& v) {
+    if (v.isTensor()) {
+      tensor(v.toTensor());
+    } else if (v.isTensorList()) {
+      add(3000 + v.toTensorList().size());
+      for (const at::Tensor& t : v.toTensorList()) tensor(t);
+    } else if (v.isOptionalTensorList()) {
+      add(4000 + v.toOptionalTensorList().size());
+      for (const auto& e : v.toOptionalTensorList()) {
+        std::optional<at::Tensor> t = e;
+        tensor(t.has_value() ? *t : at::Tensor());
+      }
+    } else if (v.isBool()) {
+      add(5000 + v.toBool());
+    } else if (v.isInt()) {
+      add(5002), integer(v.toInt());
+    } else if (v.isDouble()) {
+      real(v.toDouble());
+    } else if (v.isComplexDouble()) {
+      const auto c = v.toComplexDouble();
+      add(5003), real(c.real()), real(c.imag());
+    } else if (v.isIntList()) {
+      add(6000 + v.toIntList().size());
+      for (int64_t i : v.toIntList()) integer(i);
+    } else if (v.isDoubleList()) {
+      add(7000 + v.toDoubleList().size());
+      for (double d : v.toDoubleList()) real(d);
+    } else if (v.isString()) {
+      add(8000 + std::hash<std::string>()(v.toStringRef()));
+    } else if (v.isDevice()) {
+      add(9000 + static_cast<uint64_t>(v.toDevice().type()));
+    } else {
+      add(10000 + std::hash<std::string>()(v.tagKind()));  // None, generator, ...: by kind
+    }
+  }
+  uint64_t hash() const { return h_; }
+
+ private:
+  uint64_t h_;
+};
+
+uint64_t signature_key(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args) {
+  SignatureKey key(&op.schema());
+  for (const IValue& v : args) key.value(v);
+  return key.hash();
+}
+
+constexpr size_t kValidatedSignatures = 1 << 16;
+thread_local std::unordered_set<uint64_t> validated_signatures;
+
+// Off with TORCH_TPU_VALIDATE_FIRST_CALL=0 (every strict call queued at once, as before).
+std::atomic<bool>& validate_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("TORCH_TPU_VALIDATE_FIRST_CALL");
+    return !(v && std::string(v) == "0");
+  }()};
+  return on;
+}
+bool validate_first_calls() { return validate_flag().load(std::memory_order_relaxed); }
+
+// Queues `work` on `stream`; a signature not yet seen on this thread runs now
+// (on the stream, waited for) and its failure is raised here with the CPU
+// kernel's own exception type and message.
+void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_t key, bool validate,
+                         std::function<void()> work) {
+  std::vector<std::string> known = last_meta_warnings();
+  if (!validate) {
+    stream.enqueue_named(label.c_str(),
+                         [work = std::move(work), known = std::move(known), issuer = std::this_thread::get_id()] {
+                           queue_warnings(issuer, run_collecting_warnings(work, known));
+                         });
+    return;
+  }
+  struct Outcome {
+    std::exception_ptr failure;
+    std::vector<c10::Warning> warnings;
+  };
+  auto outcome = std::make_shared<Outcome>();
+  stream.enqueue_named(label.c_str(), [work = std::move(work), known = std::move(known), outcome] {
+    try {
+      outcome->warnings = run_collecting_warnings(work, known);
+    } catch (...) {
+      outcome->failure = std::current_exception();
+    }
+  });
+  // Waits for it; an earlier op's failure stays for the next synchronization
+  // rather than being raised here, at an unrelated op.
+  wait_stream_idle(stream);
+  if (outcome->failure) std::rethrow_exception(outcome->failure);
+  if (validated_signatures.size() >= kValidatedSignatures) validated_signatures.clear();
+  validated_signatures.insert(key);
+  rewarn(outcome->warnings);  // at the call, on the calling thread
+}
+
 // Rebuilds arguments as tensors of `builder`'s device type.
 torch::jit::Stack build_stack(const std::vector<QueuedArg>& args, AliasBuilder& builder) {
   torch::jit::Stack stack;
@@ -212,11 +348,32 @@ std::vector<at::Tensor> result_tensors(const std::vector<IValue>& results) {
   return out;
 }
 
+// Calls whose meta kernel disagrees with the CPU kernel, though the op's others agree:
+// factories into an out= of the right element count but another shape or strides (CPU
+// fills it as it is; the meta reference resizes it), nansum over dim=[] (CPU reduces
+// every dimension; the meta kernel none).
+bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  if (info.meta_check == OpInfo::MetaCheck::kNone) return false;
+  const size_t n = schema.arguments().size();
+  auto arg = [&](size_t i) -> const IValue& { return stack[stack.size() - n + i]; };
+  if (info.meta_check == OpInfo::MetaCheck::kFactoryOut) {
+    const IValue& out = arg(n - 1);
+    if (!out.isTensor()) return false;
+    const at::Tensor& t = out.toTensor();
+    return t.defined() && t.numel() > 0 && (t.dim() != 1 || !t.is_contiguous());
+  }
+  for (size_t i = 0; i < n; ++i) {  // kEmptyDims
+    if (schema.arguments()[i].name() == "dim" && arg(i).isIntList() && arg(i).toIntList().empty()) return true;
+  }
+  return false;
+}
+
 void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpInfo& info) {
   const auto& schema = op.schema();
   const std::string& label = info.label;
   const bool meta_anyway = info.meta_disagrees && dry_run();  // no CPU results to take shapes from
-  if (!info.returns_only_tensors || (info.no_meta.load(std::memory_order_relaxed) && !meta_anyway)) {
+  if (!info.returns_only_tensors || (info.no_meta.load(std::memory_order_relaxed) && !meta_anyway) ||
+      meta_disagrees_here(info, op.schema(), *stack)) {
     run_now(op, stack, label);
     return;
   }
@@ -308,31 +465,36 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
         (exact_cpu_kernel || !info.matmul)) {
       out_op = info.out_variant;
     }
+    const uint64_t key = validate_first_calls() ? signature_key(op, args) : 0;
+    const bool validate = validate_first_calls() && !validated_signatures.count(key);
     if (out_op) {
-      stream.enqueue_named(label.c_str(), [op = *out_op, queued = std::move(queued), fresh = std::move(fresh)] {
-        AliasBuilder host(c10::kCPU);
-        auto cpu = build_stack(queued, host);
-        for (const auto& r : fresh) cpu.push_back(host.alias(r));
-        at::AutoDispatchBelowADInplaceOrView below_autograd;
-        op.callBoxed(&cpu);
-      });
+      enqueue_or_validate(stream, label, key, validate,
+                          [op = *out_op, queued = std::move(queued), fresh = std::move(fresh)] {
+                            AliasBuilder host(c10::kCPU);
+                            auto cpu = build_stack(queued, host);
+                            for (const auto& r : fresh) cpu.push_back(host.alias(r));
+                            at::AutoDispatchBelowADInplaceOrView below_autograd;
+                            op.callBoxed(&cpu);
+                          });
       torch::jit::drop(*stack, num_args);
       for (auto& v : results) stack->push_back(std::move(v));
       return;
     }
-    stream.enqueue_named(label.c_str(), [op, queued = std::move(queued), fresh = std::move(fresh),
-                                         fresh_slot = std::move(fresh_slot), precision, philox] {
-      AliasBuilder host(c10::kCPU);
-      auto cpu = build_stack(queued, host);
-      at::AutoDispatchBelowADInplaceOrView below_autograd;
-      call_host_kernel(op, &cpu, precision, philox);
-      for (size_t i = 0; i < fresh.size(); ++i) {
-        auto [r, k] = fresh_slot[i];
-        const IValue& v = cpu[r];
-        at::Tensor result = v.isTensor() ? v.toTensor() : v.toTensorList().get(k);
-        host.alias(fresh[i]).copy_(result);
-      }
-    });
+    enqueue_or_validate(
+        stream, label, key, validate,
+        [op, queued = std::move(queued), fresh = std::move(fresh), fresh_slot = std::move(fresh_slot), precision,
+          philox] {
+          AliasBuilder host(c10::kCPU);
+          auto cpu = build_stack(queued, host);
+          at::AutoDispatchBelowADInplaceOrView below_autograd;
+          call_host_kernel(op, &cpu, precision, philox);
+          for (size_t i = 0; i < fresh.size(); ++i) {
+            auto [r, k] = fresh_slot[i];
+            const IValue& v = cpu[r];
+            at::Tensor result = v.isTensor() ? v.toTensor() : v.toTensorList().get(k);
+            host.alias(fresh[i]).copy_(result);
+          }
+        });
   }
   torch::jit::drop(*stack, num_args);
   for (auto& v : results) stack->push_back(std::move(v));
@@ -386,6 +548,9 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       clear_undefined_if_whole(self);  // the fill below writes every element
     }
   }
+  TORCH_CHECK_NOT_IMPLEMENTED(!info.quantized, info.label,
+                              ": quantized tensors are not supported on tpu (TPUs have no "
+                              "quantized layouts); quantize on the CPU, or use int8 tensors with explicit scales");
   const EagerMode mode = eager_mode();
   if (mode == EagerMode::kDeferAndFuse && defer_record(op, stack, info)) return;
   DeferChecked deferred(op, *stack);  // flushes a pending region this op reads or writes
@@ -397,6 +562,9 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 }  // namespace
+
+void set_validate_first_calls(bool on) { validate_flag().store(on); }
+bool validating_first_calls() { return validate_first_calls(); }
 
 // Synchronous path: wait for the chip, run the CPU kernel on host aliases now.
 void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& label) {
@@ -418,7 +586,12 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
     const auto* a = alias_of(schema.arguments()[i]);
     if (a && a->isWrite() && schema.arguments()[i].kwarg_only() && cpu[i].isTensor()) {
       is_out[i] = true;
-      cpu[i] = at::empty({0}, cpu[i].toTensor().options());
+      // A host tensor of the out= argument's own geometry and values: the CPU kernel
+      // decides whether to resize it (and warns as on CPU), a view keeps its strides.
+      const at::Tensor alias = cpu[i].toTensor();
+      at::Tensor fresh = at::empty_strided(alias.sizes(), alias.strides(), alias.options());
+      if (alias.numel() > 0) fresh.copy_(alias);
+      cpu[i] = fresh;
     }
   }
   std::vector<IValue> cpu_args(cpu.begin(), cpu.end());
@@ -487,6 +660,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // 0-d out, which the CPU kernel resizes through the unreduced shape (and warns). Functional here.
   m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
   m.impl("smooth_l1_loss", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  // Structured ops whose functional form PrivateUse1 would get from a generic
+  // wrapper (meta, then the out= kernel): the CPU kernel itself, so that its
+  // checks and warnings happen once, as on CPU.
+  m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
 }
 }  // namespace torch_tpu
 
@@ -501,6 +678,15 @@ void sparse_not_supported(const c10::OperatorHandle& op, torch::jit::Stack*) {
 }  // namespace
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_not_supported>());
+}
+// Quantized layouts: the same, for ops on quantized tpu tensors.
+void quantized_not_supported(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op_info(op).label,
+                              ": quantized tensors are not supported on tpu (TPUs have no quantized "
+                              "layouts); quantize on the CPU, or use int8 tensors with explicit scales");
+}
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&quantized_not_supported>());
 }
 TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_not_supported>());

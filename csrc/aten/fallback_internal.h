@@ -55,6 +55,10 @@ class DeviceCheck {
 // on the calling thread, and leaves tpu results on the stack.
 void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& label);
 
+// Strict mode's synchronous first call per signature (TORCH_TPU_VALIDATE_FIRST_CALL).
+void set_validate_first_calls(bool on);
+bool validating_first_calls();
+
 // The boxed fallback every tpu op without a native kernel goes through.
 void tpu_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 

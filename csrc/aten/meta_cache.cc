@@ -10,6 +10,7 @@
 #include "ir/hash.h"
 #include "runtime/device.h"
 #include "runtime/host_alias.h"
+#include "runtime/kernel_warnings.h"
 
 namespace torch_tpu {
 namespace {
@@ -72,7 +73,27 @@ struct MetaKeyHash {
   }
 };
 constexpr size_t kMetaCacheEntries = 1 << 16;
-thread_local std::unordered_map<MetaKey, MetaResult, MetaKeyHash> meta_cache;
+// A meta kernel's warnings are the op's host-side warnings: given at every
+// call, cached hits included, as CPU gives them.
+struct MetaEntry {
+  MetaResult result;
+  std::vector<c10::Warning> warnings;
+};
+thread_local std::unordered_map<MetaKey, MetaEntry, MetaKeyHash> meta_cache;
+thread_local std::vector<std::string> last_warnings;
+
+class Buffer : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& w) override { warnings.push_back(w); }
+  std::vector<c10::Warning> warnings;
+};
+
+const MetaResult& given(const MetaEntry& e) {
+  last_warnings.clear();
+  for (const auto& w : e.warnings) last_warnings.push_back(w.msg());
+  rewarn(e.warnings);
+  return e.result;
+}
 
 class KeyWriter {
  public:
@@ -178,10 +199,13 @@ const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValu
   for (const IValue& v : args) cacheable = cacheable && writer.value(v);
   if (cacheable) {
     auto it = meta_cache.find(key);
-    if (it != meta_cache.end()) return it->second;
+    if (it != meta_cache.end()) return given(it->second);
   }
   torch::jit::Stack meta = meta_stack(op.schema(), args);
+  Buffer buffer;  // a meta kernel that fails drops its warnings: the CPU kernel that decides gives its own
+  last_warnings.clear();
   {
+    c10::WarningUtils::WarningHandlerGuard buffered(&buffer);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     // Shape bookkeeping, not the user's op: keep it out of torch.profiler.
     at::DisableRecordFunctionGuard not_profiled;
@@ -196,13 +220,16 @@ const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValu
       for (const at::Tensor& t : meta[r].toTensorList()) result[r].tensors.push_back(describe(t));
     }
   }
+  MetaEntry entry{std::move(result), std::move(buffer.warnings)};
   if (!cacheable) {
-    thread_local MetaResult uncached;
-    uncached = std::move(result);
-    return uncached;
+    thread_local MetaEntry uncached;
+    uncached = std::move(entry);
+    return given(uncached);
   }
   if (meta_cache.size() >= kMetaCacheEntries) meta_cache.clear();
-  return meta_cache.emplace(std::move(key), std::move(result)).first->second;
+  return given(meta_cache.emplace(std::move(key), std::move(entry)).first->second);
 }
+
+const std::vector<std::string>& last_meta_warnings() { return last_warnings; }
 
 }  // namespace torch_tpu

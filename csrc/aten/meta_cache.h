@@ -9,6 +9,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/SmallVector.h>
 
+#include <string>
 #include <vector>
 
 namespace torch_tpu {
@@ -31,6 +32,11 @@ bool meta_has_lists(const MetaResult& meta);
 // Runs the meta kernel on meta aliases of `args` (or reuses its cached
 // answer); throws what the meta kernel throws. The reference is valid until
 // the next call on this thread.
+// Its warnings are given to the caller's warning handler at every call.
 const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+
+// The messages of the warnings the last meta_result() on this thread gave:
+// the CPU kernel repeating them is not warned twice.
+const std::vector<std::string>& last_meta_warnings();
 
 }  // namespace torch_tpu

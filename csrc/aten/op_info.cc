@@ -83,11 +83,18 @@ OpInfo* build(const c10::OperatorHandle& op) {
                                                                  "aten::max_unpool2d",
                                                                  "aten::max_unpool3d"};
   if (meta_disagrees.count(schema.name())) info->no_meta = info->meta_disagrees = true;
+  const std::string& name = schema.name();
+  if (name == "aten::arange" || name == "aten::linspace" || name == "aten::logspace") {
+    info->meta_check = OpInfo::MetaCheck::kFactoryOut;
+  }
+  if (name == "aten::nansum") info->meta_check = OpInfo::MetaCheck::kEmptyDims;
+  info->quantized = name.rfind("aten::quantize_per", 0) == 0 || name.rfind("aten::_make_per_", 0) == 0 ||
+                    name == "aten::_empty_affine_quantized" || name == "aten::_empty_per_channel_affine_quantized";
   // Out= overloads whose CPU kernels resize the out tensor to the unreduced shape before
   // reducing into it: handed a 0-d out of the right shape they print PyTorch's "An output with
   // one or more elements was resized" warning, which the functional kernel does not.
   static const std::unordered_set<std::string> out_resizes = {"aten::mse_loss", "aten::smooth_l1_loss"};
-  if (!out_resizes.count(schema.name())) info->out_variant = find_out_variant(op);
+  if (!out_resizes.count(name)) info->out_variant = find_out_variant(op);
   return info;
 }
 

@@ -34,6 +34,10 @@ struct OpInfo {
   // Its meta kernel exists but disagrees with the CPU kernel (so no_meta is set): a dry
   // run, which has no CPU results, still takes shapes from it.
   bool meta_disagrees = false;
+  // Some calls' meta kernels disagree with the CPU kernel: those run synchronously
+  // (kFactoryOut: arange/linspace/logspace into a shaped out=; kEmptyDims: nansum(dim=[])).
+  enum class MetaCheck { kNone, kFactoryOut, kEmptyDims } meta_check = MetaCheck::kNone;
+  bool quantized = false;  // creates quantized tensors: NotImplementedError at the call
 };
 
 // Thread-safe; the reference stays valid for the life of the process.

@@ -1,6 +1,7 @@
 // torch_tpu._C: Python bindings of the runtime, nothing else.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -8,6 +9,7 @@
 
 #include <thread>
 
+#include "aten/fallback_internal.h"
 #include "aten/matmul_precision.h"
 #include "aten/portability.h"
 #include "runtime/allocator.h"
@@ -173,9 +175,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_count", [] { return translate_errors([] { return static_cast<int>(device_count()); }); });
   m.def("_current_device", [] { return static_cast<int>(current_device()); });
   m.def("_set_device", [](int i) { translate_errors([&] { set_current_device(static_cast<c10::DeviceIndex>(i)); }); });
+  m.def("_set_validate_first_call", [](bool on) { set_validate_first_calls(on); });
+  m.def("_validate_first_call", [] { return validating_first_calls(); });
   m.def(
-      "_synchronize", [](int i) { synchronize_device(static_cast<c10::DeviceIndex>(i)); },
-      py::call_guard<py::gil_scoped_release>());
+      "_wait_all_chips_idle", [] { wait_all_chips_idle(); }, py::call_guard<py::gil_scoped_release>());
+  // Through torch's warning buffer: the warnings of queued work it delivers reach Python's warnings.
+  m.def("_synchronize", [](int i) {
+    HANDLE_TH_ERRORS
+    py::gil_scoped_release no_gil;
+    synchronize_device(static_cast<c10::DeviceIndex>(i));
+    END_HANDLE_TH_ERRORS_PYBIND
+  });
   // At interpreter exit: the autograd engine's thread for a chip may still hold
   // the last reference to the last backward's graph task, whose thread-local
   // state holds Python objects; released during finalization, taking the GIL

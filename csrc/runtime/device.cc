@@ -6,6 +6,7 @@
 
 #include "defer/defer.h"
 #include "runtime/errors.h"
+#include "runtime/kernel_warnings.h"
 
 namespace torch_tpu {
 namespace {
@@ -92,15 +93,46 @@ void run_blocking(const std::function<void()>& wait) {
   }
 }
 
+// Waits; then the calling thread gets the warnings of the work it queued.
+template <typename Wait>
+void wait_then_warn(Wait&& wait) {
+  try {
+    translate_errors([&] { run_blocking(wait); });
+  } catch (...) {
+    deliver_queued_warnings();
+    throw;
+  }
+  deliver_queued_warnings();
+}
+
 void synchronize_device(c10::DeviceIndex index) {
   auto& c = chip(resolve_index(index));
   defer_flush_device(resolve_index(index));
-  translate_errors([&] { run_blocking([&] { c.synchronize(); }); });
+  wait_then_warn([&] { c.synchronize(); });
+}
+
+void wait_all_chips_idle() {
+  vtpu::Runtime* rt;
+  try {
+    rt = &runtime();
+  } catch (...) {
+    return;  // no runtime: nothing queued
+  }
+  for (int i = 0; i < rt->device_count(); ++i) {
+    defer_flush_device(static_cast<c10::DeviceIndex>(i));
+    auto& c = rt->chip(i);
+    run_blocking([&] { c.wait_idle(); });
+  }
+}
+
+void wait_stream_idle(vtpu::Stream& stream) {
+  defer_flush_device(static_cast<c10::DeviceIndex>(stream.chip()));
+  translate_errors([&] { run_blocking([&] { stream.wait_idle(); }); });
 }
 
 void synchronize_stream(vtpu::Stream& stream) {
   defer_flush_device(static_cast<c10::DeviceIndex>(stream.chip()));
-  translate_errors([&] { run_blocking([&] { stream.synchronize(); }); });
+  wait_then_warn([&] { stream.synchronize(); });
 }
 
 }  // namespace torch_tpu

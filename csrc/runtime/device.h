@@ -31,6 +31,13 @@ inline vtpu::Stream& current_vtpu_stream(c10::DeviceIndex index) { return vtpu_s
 
 // Waits for every stream of the chip; raises RuntimeError for failed work.
 void synchronize_device(c10::DeviceIndex index = -1);
+// Waits for the queued work of every chip without raising its errors: global
+// settings a CPU kernel reads at run time (default dtype, deterministic
+// algorithms, matmul precision) drain the queues before they change, so queued
+// work runs with the values of its call.
+void wait_all_chips_idle();
+// Waits for one stream, leaving earlier failures pending for the next synchronization.
+void wait_stream_idle(vtpu::Stream& stream);
 // Waits for one stream; raises RuntimeError for failed work.
 void synchronize_stream(vtpu::Stream& stream);
 

@@ -150,6 +150,15 @@ void Chip::synchronize() {
   if (first_error) std::rethrow_exception(first_error);
 }
 
+void Chip::wait_idle() {
+  std::vector<Stream*> streams;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& s : streams_) streams.push_back(s.get());
+  }
+  for (Stream* s : streams) s->wait_idle();
+}
+
 Runtime& Runtime::get() {
   // A constructor that throws leaves it unbuilt; the next call tries again.
   // Never destroyed: joining stream workers during static destruction would run

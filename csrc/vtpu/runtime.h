@@ -27,6 +27,7 @@ class Chip {
   Stream& stream(int64_t id);  // throws std::out_of_range for unknown ids
   int64_t new_stream();
   void synchronize();  // every stream of the chip; throws AsyncError
+  void wait_idle();    // every stream of the chip; leaves errors pending
   // Cost-model accounting of the ops issued to this chip.
   void record_cost(const OpCost& cost) {
     counters_.record(cost);

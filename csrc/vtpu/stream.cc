@@ -146,6 +146,12 @@ void Stream::synchronize() {
   if (!error_.empty()) raise_pending_error();
 }
 
+void Stream::wait_idle() {
+  if (on_worker_thread()) return;  // its own work: everything before it has run
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [this] { return queue_.empty() && !busy_; });
+}
+
 bool Stream::query() const {
   std::lock_guard<std::mutex> lock(mu_);
   return queue_.empty() && !busy_;

@@ -53,6 +53,9 @@ class Stream {
   // (the error is cleared once raised, so the stream stays usable).
   void synchronize();
   bool query() const;  // true when nothing is queued or running
+  // Blocks until all queued work has run, leaving a pending error for the next
+  // synchronize() (global settings drain the queue this way before changing).
+  void wait_idle();
   void check_error();  // throws a pending AsyncError without waiting
   int chip() const { return chip_; }
   int64_t id() const { return id_; }

@@ -23,6 +23,8 @@ import threading
 import pytest
 import torch
 
+import torch_tpu
+
 # Environment variables that change what the backend sees; subprocesses start
 # without them unless a test sets them explicitly.
 _BACKEND_ENV_PREFIXES = ("TORCH_TPU_", "TPU_")
@@ -140,8 +142,14 @@ def strict_mode():
 def gate(strict_mode):
     g = Gate()
     _current_gate[0] = g
-    yield g
-    g.open()  # never leave a stream blocked
+    # Queueing is what these tests check: a first call of a signature would wait for the gate.
+    validating = torch_tpu._C._validate_first_call()
+    torch_tpu._C._set_validate_first_call(False)
+    try:
+        yield g
+    finally:
+        torch_tpu._C._set_validate_first_call(validating)
+        g.open()  # never leave a stream blocked
     for i in range(torch.tpu.device_count()):
         torch.tpu.synchronize(i)
 

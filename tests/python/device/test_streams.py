@@ -209,6 +209,7 @@ def test_cross_chip_copy_waits_for_source(gate):
 
 def _bad_index_select(device="tpu"):
     src = torch.arange(12.0).reshape(4, 3).to(device)
+    torch.index_select(src, 0, torch.tensor([0, 1]).to(device)).cpu()  # the signature is known: now queued
     bad = torch.tensor([0, 100]).to(device)
     return src, torch.index_select(src, 0, bad)
 
@@ -253,6 +254,7 @@ def test_async_error_on_user_stream():
     src = torch.arange(6.0, device="tpu")
     torch.tpu.synchronize()
     with torch.tpu.stream(s):
+        torch.gather(src, 0, torch.tensor([1, 2], device="tpu")).cpu()  # the signature is known: now queued
         torch.gather(src, 0, torch.tensor([1, 1000], device="tpu"))
     with pytest.raises(RuntimeError, match=r"aten::gather.*index 1000 is out of bounds"):
         torch.tpu.synchronize()
@@ -305,6 +307,7 @@ def test_exit_with_queued_work_is_clean():
 def test_work_failing_at_exit_is_reported():
     proc = _run_and_exit("""
         src = torch.arange(12.0).reshape(4, 3).to("tpu")
+        torch.index_select(src, 0, torch.tensor([0, 1]).to("tpu")).cpu()
         torch.index_select(src, 0, torch.tensor([0, 100]).to("tpu"))
     """)
     assert proc.returncode == 0, proc.stderr
