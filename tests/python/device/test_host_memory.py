@@ -23,7 +23,7 @@ from helpers.devices import needs_v6e_8
 
 pytestmark = needs_v6e_8
 
-SCRIPT = r'''
+SCRIPT = r"""
 import json, sys, warnings
 import torch
 
@@ -196,6 +196,22 @@ def _():
     return A.Graph()
 
 
+@step("bad_inputs")
+def _():
+    r = {}
+    for name, fn in [
+        ("pin_tpu_tensor", lambda: torch.ones(3, device="tpu").pin_memory()),
+        ("empty_tpu_pinned", lambda: torch.empty(3, device="tpu", pin_memory=True)),
+        ("host_stats_arg", lambda: torch.tpu.host_memory_stats(0)),
+    ]:
+        try:
+            fn()
+            r[name] = None
+        except Exception as e:
+            r[name] = [type(e).__name__, str(e).splitlines()[0]]
+    return r
+
+
 @step("after_errors")
 def _():
     A.empty_host_cache()
@@ -203,7 +219,7 @@ def _():
 
 
 print(json.dumps(out, default=repr))
-'''
+"""
 
 
 def _env():
@@ -226,13 +242,20 @@ def values(child, name):
     proc, started, result = child
     assert result is not None, (
         f"the child exited {proc.returncode} in step {started[-1] if started else None!r} "
-        f"(-11 is a segfault); stderr:\n{proc.stderr[-3000:]}")
+        f"(-11 is a segfault); stderr:\n{proc.stderr[-3000:]}"
+    )
     return result[name]
 
 
 def stats(allocations, allocated_bytes, active_requests, active_bytes, num_host_alloc, num_host_free):
-    return dict(allocations=allocations, allocated_bytes=allocated_bytes, active_requests=active_requests,
-                active_bytes=active_bytes, num_host_alloc=num_host_alloc, num_host_free=num_host_free)
+    return dict(
+        allocations=allocations,
+        allocated_bytes=allocated_bytes,
+        active_requests=active_requests,
+        active_bytes=active_bytes,
+        num_host_alloc=num_host_alloc,
+        num_host_free=num_host_free,
+    )
 
 
 def test_fresh_process_has_no_host_blocks_and_cuda_keys(child):
@@ -305,9 +328,16 @@ def test_accelerator_device_memory_matches_tpu_memory(child):
 
 def test_accelerator_device_and_stream_control(child):
     r = values(child, "device_control")
-    assert r == {"count": torch.tpu.device_count(), "available": True, "accelerator": "tpu",
-                 "index_after_set": 2, "inside": 1, "after": 2, "stream_set": True,
-                 "after_sync": [2.0, 2.0, 2.0, 2.0]}
+    assert r == {
+        "count": torch.tpu.device_count(),
+        "available": True,
+        "accelerator": "tpu",
+        "index_after_set": 2,
+        "inside": 1,
+        "after": 2,
+        "stream_set": True,
+        "after_sync": [2.0, 2.0, 2.0, 2.0],
+    }
 
 
 def test_accelerator_device_capability_lists_tpu_dtypes(child):
@@ -319,6 +349,14 @@ def test_accelerator_device_capability_lists_tpu_dtypes(child):
 def test_accelerator_graph_raises_clearly(child):
     r = values(child, "graph")
     assert r["raised"] == "RuntimeError" and "tpu" in r["message"] and "Graph" in r["message"]
+
+
+def test_bad_inputs_raise_clearly(child):
+    r = values(child, "bad_inputs")
+    assert r["pin_tpu_tensor"][0] == "RuntimeError" and "pin" in r["pin_tpu_tensor"][1]
+    assert r["empty_tpu_pinned"][0] == "RuntimeError" and "pin_memory=True" in r["empty_tpu_pinned"][1]
+    assert "tpu" in r["empty_tpu_pinned"][1]
+    assert r["host_stats_arg"][0] == "TypeError" and "host_memory_stats" in r["host_stats_arg"][1]
 
 
 def test_process_keeps_working_after_errors(child):
