@@ -12,7 +12,10 @@
 namespace torch_tpu {
 namespace {
 
-void check_options(c10::optional<c10::Layout> layout, c10::optional<c10::Device> device) {
+void check_options(c10::optional<c10::Layout> layout, c10::optional<c10::Device> device,
+                   c10::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.value_or(false), "empty: pin_memory=True is for CPU tensors only; a tpu tensor lives in ",
+              "HBM (pin a CPU tensor and copy it with .to(\"tpu\", non_blocking=True))");
   if (layout.has_value() && *layout != c10::kStrided) {
     TORCH_CHECK_NOT_IMPLEMENTED(false, "tpu tensors support only the strided layout, got ", *layout,
                                 " (sparse and other layouts do not exist on TPU)");
@@ -27,14 +30,14 @@ c10::DeviceIndex index_of(c10::optional<c10::Device> device) {
 at::Tensor empty_strided_tpu(c10::IntArrayRef size, c10::IntArrayRef stride, c10::optional<c10::ScalarType> dtype,
                              c10::optional<c10::Layout> layout, c10::optional<c10::Device> device,
                              c10::optional<bool> pin_memory) {
-  check_options(layout, device);
+  check_options(layout, device, pin_memory);
   return empty_tpu(size, stride, dtype.value_or(c10::get_default_dtype_as_scalartype()), index_of(device));
 }
 
 at::Tensor empty_memory_format_tpu(c10::IntArrayRef size, c10::optional<c10::ScalarType> dtype,
                                    c10::optional<c10::Layout> layout, c10::optional<c10::Device> device,
                                    c10::optional<bool> pin_memory, c10::optional<c10::MemoryFormat> memory_format) {
-  check_options(layout, device);
+  check_options(layout, device, pin_memory);
   for (auto s : size) TORCH_CHECK(s >= 0, "empty: negative dimension ", s, " in size ", size);
   auto t = empty_tpu(size, c10::contiguous_strides(size), dtype.value_or(c10::get_default_dtype_as_scalartype()),
                      index_of(device));

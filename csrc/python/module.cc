@@ -17,6 +17,7 @@
 #include "runtime/eager_mode.h"
 #include "runtime/errors.h"
 #include "runtime/generator.h"
+#include "runtime/host_allocator.h"
 #include "vtpu/layout.h"
 #include "vtpu/runtime.h"
 
@@ -71,6 +72,37 @@ py::dict memory_stats_dict(c10::DeviceIndex index) {
   d["segments"] = s.segments;
   d["num_alloc_retries"] = s.num_alloc_retries;
   d["num_ooms"] = s.num_ooms;
+  return d;
+}
+
+// torch.cuda.host_memory_stats_as_nested_dict()'s layout, for the tpu host allocator.
+py::dict host_memory_stats_dict(const at::HostStats& s) {
+  auto stat = [](const c10::CachingAllocator::Stat& v) {
+    py::dict d;
+    d["current"] = v.current;
+    d["peak"] = v.peak;
+    d["allocated"] = v.allocated;
+    d["freed"] = v.freed;
+    return d;
+  };
+  auto duration = [](const c10::CachingAllocator::DurationStat& v) {
+    py::dict d;
+    d["total"] = v.total;
+    d["max"] = v.max;
+    d["min"] = v.min;
+    d["count"] = v.count;
+    d["avg"] = v.count == 0 ? 0 : v.total / v.count;
+    return d;
+  };
+  py::dict d;
+  d["allocations"] = stat(s.allocations);
+  d["allocated_bytes"] = stat(s.allocated_bytes);
+  d["active_requests"] = stat(s.active_requests);
+  d["active_bytes"] = stat(s.active_bytes);
+  d["num_host_alloc"] = s.num_host_alloc;
+  d["num_host_free"] = s.num_host_free;
+  d["host_alloc_time"] = duration(s.host_alloc_time);
+  d["host_free_time"] = duration(s.host_free_time);
   return d;
 }
 
@@ -215,6 +247,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_memory_stats", [](int i) { return translate_errors([&] { return memory_stats_dict(i); }); });
   m.def(
       "_empty_cache", [] { tpu_allocator().emptyCache(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("_host_memory_stats", [] { return host_memory_stats_dict(host_allocator().get_stats()); });
+  m.def("_reset_peak_host_memory_stats", [] { host_allocator().reset_peak_stats(); });
+  m.def("_reset_accumulated_host_memory_stats", [] { host_allocator().reset_accumulated_stats(); });
   m.def("_reset_peak_memory_stats", [](int i) { translate_errors([&] { tpu_allocator().resetPeakStats(i); }); });
   m.def("_rng_kind",
         [] { return translate_errors([] { return std::string(rng_kind() == RngKind::kCpu ? "cpu" : "philox"); }); });

@@ -2,13 +2,11 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
-#include <c10/core/impl/alloc_cpu.h>
 
 #include <atomic>
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <unordered_set>
 
 #include "runtime/device.h"
 #include "runtime/dry_run.h"
@@ -172,46 +170,6 @@ std::pair<size_t, size_t> TPUAllocator::getMemoryInfo(c10::DeviceIndex device) {
 TPUAllocator& tpu_allocator() {
   static TPUAllocator allocator;
   return allocator;
-}
-
-// --- pinned host memory -----------------------------------------------------
-namespace {
-
-std::mutex pinned_mu;
-std::unordered_set<const void*> pinned_ptrs;
-
-void free_pinned(void* ptr) {
-  {
-    std::lock_guard<std::mutex> lock(pinned_mu);
-    pinned_ptrs.erase(ptr);
-  }
-  c10::free_cpu(ptr);
-}
-
-class PinnedAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(size_t nbytes) override {
-    void* ptr = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
-    if (ptr) {
-      std::lock_guard<std::mutex> lock(pinned_mu);
-      pinned_ptrs.insert(ptr);
-    }
-    return c10::DataPtr(ptr, ptr, &free_pinned, c10::Device(c10::kCPU));
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-};
-
-}  // namespace
-
-c10::Allocator& pinned_allocator() {
-  static PinnedAllocator allocator;
-  return allocator;
-}
-
-bool is_pinned_ptr(const void* ptr) {
-  std::lock_guard<std::mutex> lock(pinned_mu);
-  return pinned_ptrs.count(ptr) > 0;
 }
 
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &tpu_allocator());

@@ -51,8 +51,10 @@ class TPUAllocator final : public c10::DeviceAllocator {
 };
 
 TPUAllocator& tpu_allocator();
-// Host allocator whose blocks count as pinned (page-locked) memory.
+// Pinned host memory: ATen's host allocator for PrivateUse1 (host_allocator.cc), a
+// caching allocator of page-aligned host blocks that count as pinned (page-locked).
 c10::Allocator& pinned_allocator();
+// True if `ptr` lies in a pinned host block (in use or cached).
 bool is_pinned_ptr(const void* ptr);
 
 }  // namespace torch_tpu

@@ -1,4 +1,5 @@
 // c10 device guard for tpu: current device, streams and events.
+#include <c10/core/DeviceCapability.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "runtime/device.h"
@@ -79,6 +80,14 @@ struct TPUGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     synchronize_stream(s);
   }
   void synchronizeDevice(const c10::DeviceIndex index) const override { synchronize_device(index); }
+  // torch.accelerator.get_device_capability: every dtype tpu tensors hold and compute
+  // (float64/complex on the vTPU's host path, docs/limits.md); no quantized tensors.
+  c10::DeviceCapability getDeviceCapability(c10::Device) const override {
+    c10::DeviceCapability cap;
+    auto& t = cap.capability_data.supported_scalar_types;
+    t.has_QInt8 = t.has_QUInt8 = t.has_QInt32 = t.has_QUInt4x2 = t.has_QUInt2x4 = 0;
+    return cap;
+  }
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
 };
 

@@ -17,19 +17,6 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-def _empty_host_cache_without_tpu_host_allocator() -> None:
-    """``torch.accelerator.empty_host_cache`` for tpu: no caching host allocator to empty.
-
-    torch_tpu registers pinned memory through its PrivateUse1 hooks only (no
-    ``at::HostAllocator``); ATen's ``emptyHostCache`` then calls into an object that is not
-    one, which crashed vLLM's shutdown (``cleanup_dist_env_and_memory``). Nothing is
-    cached on the host, so there is nothing to do.
-    """
-
-
-if torch.accelerator.current_accelerator() is not None and torch.accelerator.current_accelerator().type == "tpu":
-    torch.accelerator.empty_host_cache = _empty_host_cache_without_tpu_host_allocator
-
 #: vLLM's KV-cache block, in tokens, when the user gives none (``--block-size``).
 DEFAULT_BLOCK_SIZE = 16
 #: The attention backend (vLLM's --attention-backend name) and its class.

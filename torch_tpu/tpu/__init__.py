@@ -46,6 +46,8 @@ from ._modes import EagerMode, Precision, precision, set_eager_mode
 from ._namespace import install as _install
 from .memory import (  # noqa: F401
     empty_cache,
+    host_memory_stats,
+    host_memory_stats_as_nested_dict,
     max_memory_allocated,
     max_memory_reserved,
     mem_get_info,
@@ -53,6 +55,8 @@ from .memory import (  # noqa: F401
     memory_reserved,
     memory_stats,
     memory_summary,
+    reset_accumulated_host_memory_stats,
+    reset_peak_host_memory_stats,
     reset_peak_memory_stats,
 )
 from .random import (  # noqa: F401
@@ -87,11 +91,12 @@ __all__ = [
     "EagerMode", "Event", "Precision", "Stream", "current_device", "current_stream", "default_generators",
     "default_stream", "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype",
     "get_device_capability", "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all",
-    "init", "initial_seed", "is_available", "is_bf16_supported", "is_initialized", "manual_seed",
-    "manual_seed_all", "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated",
-    "memory_reserved", "memory_stats", "memory_summary", "precision", "reset_peak_memory_stats", "seed",
-    "seed_all", "set_device", "set_eager_mode", "set_rng_state", "set_rng_state_all", "set_stream", "stream",
-    "synchronize", "topology", "topology_aware_mesh",
+    "host_memory_stats", "host_memory_stats_as_nested_dict", "init", "initial_seed", "is_available",
+    "is_bf16_supported", "is_initialized", "manual_seed", "manual_seed_all", "max_memory_allocated",
+    "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
+    "precision", "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "reset_peak_memory_stats",
+    "seed", "seed_all", "set_device", "set_eager_mode", "set_rng_state", "set_rng_state_all", "set_stream",
+    "stream", "synchronize", "topology", "topology_aware_mesh",
 ]
 
 _install(__name__, _SUBMODULES)

@@ -1,4 +1,5 @@
-"""HBM memory statistics of tpu devices, with ``torch.cuda``'s key names.
+"""HBM memory statistics of tpu devices, with ``torch.cuda``'s key names, and the
+statistics of pinned host memory (``host_memory_stats``).
 
 ``allocated``/``reserved``/``active`` figures are *physical* bytes: what the
 tensors occupy in the TPU's tiled layout. ``requested_bytes`` and
@@ -13,8 +14,9 @@ from .._units import format_bytes as _format_bytes
 from ._utils import _device_index
 
 __all__ = [
-    "empty_cache", "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated",
-    "memory_reserved", "memory_stats", "memory_summary", "reset_peak_memory_stats",
+    "empty_cache", "host_memory_stats", "host_memory_stats_as_nested_dict", "max_memory_allocated",
+    "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved", "memory_stats", "memory_summary",
+    "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats", "reset_peak_memory_stats",
 ]
 
 
@@ -99,3 +101,48 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
     lines.append(f"allocations {s['num_allocs']}, frees {s['num_frees']}, segments {s['segments']}, "
                  f"alloc retries {s['num_alloc_retries']}, OOMs {s['num_ooms']}")
     return "\n".join(lines)
+
+
+def host_memory_stats_as_nested_dict() -> dict[str, _Any]:
+    """:func:`host_memory_stats` as a nested dict (``{"allocations": {"current": ...}, ...}``)."""
+    return _C._host_memory_stats()
+
+
+def host_memory_stats() -> dict[str, _Any]:
+    """Statistics of pinned host memory, ``torch.cuda.host_memory_stats``'s keys (flat, sorted).
+
+    Pinned tensors (``pin_memory()``, ``torch.empty(..., pin_memory=True)``, DataLoader's
+    ``pin_memory=True``) come from a caching host allocator: each request is rounded up to a
+    power of two bytes, and a freed block stays cached until
+    ``torch.accelerator.empty_host_cache()`` returns it to the system.
+
+    - ``allocations.{current,peak,allocated,freed}``: blocks the allocator holds (in use + cached).
+    - ``allocated_bytes.*``: their bytes (rounded sizes).
+    - ``active_requests.*`` / ``active_bytes.*``: blocks (bytes) held by live tensors.
+    - ``num_host_alloc`` / ``num_host_free``: blocks taken from / returned to the system.
+    - ``host_alloc_time.*`` / ``host_free_time.*`` (``total,max,min,count,avg``): microseconds
+      spent taking / returning them.
+
+    Peaks of ``active_*`` are summed over size buckets, as CUDA's are (an upper estimate).
+    """
+    out = []
+
+    def walk(prefix, obj):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            out.append((prefix, obj))
+
+    walk("", host_memory_stats_as_nested_dict())
+    return _OrderedDict(sorted(out))
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Reset the ``peak`` figures of :func:`host_memory_stats` to the current ones."""
+    _C._reset_peak_host_memory_stats()
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Reset the ``allocated`` / ``freed`` totals and time counters of :func:`host_memory_stats`."""
+    _C._reset_accumulated_host_memory_stats()
