@@ -58,8 +58,9 @@ PUBLISHED = [
          _T + "Llama3.1-70B-MaxText/v6e-128/README.md", "held_out", "v6e"),
     _row("Llama 3.1 70B, v6e-64", "llama3-70b", "v6e-64", 128, _L31_70B_OFFLOAD, 18.688,
          _T + "Llama3.1-70B-MaxText/v6e-64/README.md", "held_out", "v6e"),
+    # llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul: weight_dtype bfloat16.
     _row("Llama 3.1 70B, v6e-32", "llama3-70b", "v6e-32", 64, _L31_70B_OFFLOAD, 17.790,
-         _T + "Llama3.1-70B-MaxText/v6e-32/README.md", "held_out", "v6e"),
+         _T + "Llama3.1-70B-MaxText/v6e-32/README.md", "held_out", "v6e", "--weight-dtype", "bf16"),
     # ici_fsdp 256 x dcn_fsdp 2: FSDP inside each slice, the 2 slices over DCN (HSDP here).
     _row("Llama 3.1 405B, 2 x v6e-256", "llama3-405b", "v6e-256", 512,
          ["--remat", "custom", "--offload", "decoder_layer_input"], 54.803,

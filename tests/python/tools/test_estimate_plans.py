@@ -81,10 +81,12 @@ def test_remat_recompute_flops_saved_tensors_and_offload():
     qkv_flops = c["n_layers"] * 2 * tokens * c["d_model"] * qkv_cols
     none, full = _run("none"), _run("full")
     save_qkv, off_qkv = _run("save_qkv_proj"), _run("qkv_proj_offloaded")
-    # Recompute of the layer forwards: matmuls 2·tokens·(layer matmul parameters) + attention 4·T·T·C,
+    # Recompute of the layer forwards: matmuls 2·tokens·(layer matmul parameters) + causal attention
+    # 4·C·T(T+1)/2 per sequence,
     # except the last matmul (w2), whose output the backward does not need (recompute stops early).
     layer_mm = c["d_model"] * qkv_cols + c["n_heads"] * d * c["d_model"] + 2 * c["d_model"] * c["ffn_dim"]
-    fwd_mm = c["n_layers"] * (2 * tokens * layer_mm + 4 * ROWS * c["seq_len"] ** 2 * c["d_model"])
+    pairs = c["seq_len"] * (c["seq_len"] + 1) // 2
+    fwd_mm = c["n_layers"] * (2 * tokens * layer_mm + 4 * ROWS * pairs * c["d_model"])
     extra = full["stats"]["flops"] - none["stats"]["flops"]
     assert fwd_mm < extra < 1.05 * fwd_mm
     assert full["stats"]["flops"] - save_qkv["stats"]["flops"] == qkv_flops
@@ -224,7 +226,7 @@ def test_cli_hsdp_across_slices():
     r = json.loads(p.stdout.strip().splitlines()[-1])
     ar = r["collectives"]["all_reduce/dp"]
     cfg = LLAMA_PRESETS["llama-tiny"]
-    assert ar["count"] == cfg.n_layers + 1
+    assert ar["count"] == cfg.n_layers + 2  # the layers, the embedding and the head
     assert ar["dcn_bytes"] == pytest.approx(ar["payload_bytes"])  # 2·(2-1)/2 of the shard, local size 1
     assert ar["ici_bytes"] == 0
     assert r["by_generation"]["v6e"]["dcn_s"] > 0
@@ -266,3 +268,100 @@ def test_published_rows(row):
     e = r["by_generation"][row["generation"]]
     assert e["fits"], f"HBM peak {r['hbm_peak_bytes'] / 2**30:.1f} GiB"
     assert e["step_time_s"] == pytest.approx(row["step_s"], rel=0.15)
+
+
+# --- pricing rules: causal attention, fused elementwise regions, FSDP units, weight dtype -----
+
+
+def test_causal_flash_attention_priced_over_unmasked_pairs():
+    """is_causal: the fused kernel's FLOPs cover the T(T+1)/2 unmasked query/key pairs of T x T
+    (4·B·H·pairs·D forward, 8·B·H·pairs·D backward); without it all T·S pairs."""
+    import torch_tpu.runtime
+    from torch_tpu.estimate import dry_run
+
+    B, H, T, D = 2, 4, 384, 64
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    flops = {}
+    with dry_run():
+        q, k, v = (torch.empty(B, H, T, D, dtype=torch.bfloat16, device=f"tpu:{DEV}") for _ in range(3))
+        for causal in (False, True):
+            torch.tpu.synchronize(DEV)
+            torch_tpu.runtime.reset_stats(DEV)
+            out, lse = op(q, k, v, 0.0, causal)
+            f = torch_tpu.runtime.stats(DEV)["flops"]
+            bwd(out, q, k, v, out, lse, 0.0, causal)
+            flops[causal] = (f, torch_tpu.runtime.stats(DEV)["flops"] - f)
+    assert flops[False] == (4 * B * H * T * T * D, 8 * B * H * T * T * D)
+    pairs = T * (T + 1) // 2
+    assert flops[True] == (4 * B * H * pairs * D, 8 * B * H * pairs * D)
+
+
+def test_fused_dry_run_prices_and_allocates_one_region():
+    """fuse (defer_and_fuse in the dry run): an elementwise chain reads its input once and
+    writes only its live result; strict prices every op's round trip and allocates each
+    intermediate."""
+    import torch_tpu.runtime
+    from torch_tpu.estimate import dry_run
+    from torch_tpu.estimate.core import _global_eager_mode
+
+    n = 1 << 20  # float32 [1024, 1024]: 4 MiB, a whole number of (8, 128) tiles
+    got = {}
+    for mode in ("strict", "defer_and_fuse"):
+        with dry_run(), _global_eager_mode(mode):
+            x = torch.empty(1024, 1024, device=f"tpu:{DEV}")
+            torch.tpu.synchronize(DEV)
+            torch_tpu.runtime.reset_stats(DEV)
+            torch.tpu.reset_peak_memory_stats(DEV)
+            base = torch.tpu.memory_allocated(DEV)
+            y = ((x * 2 + 1).exp() * x).sin()
+            torch_tpu._C._defer_flush()
+            torch.tpu.synchronize(DEV)
+            st = torch_tpu.runtime.stats(DEV)
+            got[mode] = (st["bytes_read"], st["bytes_written"], torch.tpu.max_memory_allocated(DEV) - base)
+            del x, y
+    assert got["strict"][:2] == (6 * 4 * n, 5 * 4 * n)  # mul, add, exp, mul (x twice), sin
+    assert got["strict"][2] >= 2 * 4 * n  # an intermediate alive beside the next op's output
+    assert got["defer_and_fuse"] == (4 * n, 4 * n, 4 * n)  # x read once, y written and allocated
+
+
+def test_fsdp_units_embedding_and_head_their_own():
+    """Llama: every layer, the embedding and the head (norm + output) are FSDP units resharded
+    after their forward, no root unit; tied weights (the demo GPT) stay in a root unit.
+    weight_dtype bf16: shards of bf16."""
+    from torch_tpu.estimate.models import GPT, GPT_PRESETS, GPTConfig, Llama
+    from torch_tpu.estimate.parallel import Collectives, shard_model
+
+    n = _chips()
+    coll = Collectives(Parallelism(fsdp=n), n, DEV)
+    cfg = LLAMA_PRESETS["llama-tiny"]
+    with torch.device("meta"):
+        model = Llama(cfg)
+    units = shard_model(model, coll, torch.bfloat16, torch.bfloat16)
+    assert [u.name for u in units] == [f"layers.{i}" for i in range(cfg.n_layers)] + ["embed", "head"]
+    assert all(u.reshard for u in units)
+    assert units[-1].total == cfg.d_model + cfg.vocab_size * cfg.d_model  # norm + output
+    assert units[-2].total == cfg.vocab_size * cfg.d_model
+    assert {u.shard().dtype for u in units} == {torch.bfloat16}
+    assert sum(u.total for u in units) == cfg.num_params()
+    with torch.device("meta"):
+        gpt = GPT(GPTConfig(seq_len=64, **GPT_PRESETS["tiny"]))
+    units = shard_model(gpt, coll)
+    root = units[-1]
+    assert root.name == "root" and not root.reshard and root.shard().dtype == torch.float32
+    assert gpt.tok_emb in [m for m, _, _ in root.entries] and gpt.head in [m for m, _, _ in root.entries]
+
+
+def test_weight_dtype_bf16_halves_parameter_gradient_and_adam_bytes():
+    """weight_dtype bf16 (MaxText's): FSDP shards, their gradients and AdamW's two moments in bf16:
+    8 bytes per parameter element held instead of 16, which is what the peak drops by (the
+    activations, one sequence of 64 tokens per chip, are bf16 either way)."""
+    n = _chips()
+    spec = model_spec("llama", batch=n, vocab_size=1024, n_layers=2, d_model=512, n_heads=4, n_kv_heads=2,
+                      ffn_dim=1024, seq_len=64)
+    peaks = {w: run(spec, Parallelism(fsdp=n), weight_dtype=w, device=DEV) for w in ("fp32", "bf16")}
+    held = peaks["fp32"]["per_chip_params"]
+    assert peaks["bf16"]["per_chip_params"] == held
+    assert peaks["fp32"]["hbm_peak_bytes"] - peaks["bf16"]["hbm_peak_bytes"] == pytest.approx(8 * held, rel=0.05)
+    with pytest.raises(ValueError, match="weight_dtype"):
+        run(spec, Parallelism(fsdp=n), weight_dtype="fp16", device=DEV)
