@@ -136,8 +136,9 @@ def check_plan(spec: ModelSpec, par: Parallelism, slice_chips: int) -> None:
             raise ValueError(f"--pp {par.pp} does not divide the {spec.llama.n_layers} layers")
     elif par.microbatches:
         raise ValueError("--microbatches applies to pipeline parallelism (--pp above 1)")
-    if par.dp % par.slices:
-        raise ValueError(f"dp {par.dp} is not a multiple of slices {par.slices} (data parallelism spans the slices)")
+    if par.dp % par.slices and par.fsdp % par.slices:
+        raise ValueError(f"neither dp {par.dp} nor fsdp {par.fsdp} is a multiple of slices {par.slices} "
+                         "(data parallelism, or else FSDP, spans the slices)")
     if spec.batch % par.data_parallel:
         raise ValueError(f"global batch {spec.batch} does not divide into dp x fsdp = {par.data_parallel} "
                          f"data-parallel replicas")

@@ -26,8 +26,11 @@ chip holds and computes, and adds the collectives the chip would take part in:
   microbatches, with the pipeline bubble (pp - 1) / (M + pp - 1) of the step, and sends each
   microbatch's activations to the next stage (and gradients back) over one ICI link.
 - **Slices** (``slices``): several slices joined by the data-centre network; the dp axis spans
-  them (dp must be a multiple of slices) and its all-reduce is hierarchical, as tpu_dist's:
+  them when dp is a multiple of slices (HSDP) and its all-reduce is hierarchical, as tpu_dist's:
   reduce-scatter inside the slice, all-reduce of the shard across slices (DCN), all-gather.
+  Otherwise the fsdp axis spans them (MaxText's ``dcn_fsdp_parallelism``): each all-gather /
+  reduce-scatter is a DCN exchange of the 1/local shards between the slices plus the slice's
+  ICI ring over the whole buffer.
 
 Collectives are priced with tpu_dist's own ring formulas (``_C._ring_cost``, from
 csrc/distributed/collectives.cc), over as many ICI links as tpu_dist would drive for the
@@ -67,6 +70,12 @@ class Parallelism:
         return self.dp * self.fsdp * self.tp * self.pp
 
     @property
+    def fsdp_slices(self) -> int:
+        """Slices the fsdp axis spans: 1 when dp spans them (HSDP, dp a multiple of the slices),
+        else all of them (FSDP over DCN, MaxText's dcn_fsdp_parallelism)."""
+        return 1 if self.dp % self.slices == 0 else self.slices
+
+    @property
     def data_parallel(self) -> int:
         """Ways the batch is split: dp · fsdp."""
         return self.dp * self.fsdp
@@ -77,7 +86,7 @@ def _group_chips(par: Parallelism, slice_chips: int) -> dict[str, list[int]]:
     (dp / slices, fsdp, tp) laid out by ``topology_aware_mesh`` (tp innermost)."""
     from ..distributed.mesh import rank_chips, topology_aware_mesh
 
-    shape = (par.dp // par.slices * par.pp, par.fsdp, par.tp)
+    shape = (max(1, par.dp // par.slices) * par.pp, par.fsdp // par.fsdp_slices, par.tp)
     try:
         mesh = topology_aware_mesh(shape, world_size=slice_chips)
     except ValueError:
@@ -126,13 +135,21 @@ class Collectives:
             _C._record_collective(self.device, float(payload_bytes), ici, links, steps, 0.0)
             self._tally(op, axis, payload_bytes, ici, 0.0, steps)
             return
-        hosts = self.par.slices if axis == "dp" else 1
+        hosts = self.par.slices if axis == "dp" else self.par.fsdp_slices if axis == "fsdp" else 1
         local = n // hosts
         ici = dcn = 0.0
         steps = 0
         if hosts == 1:
             c = _C._ring_cost(op, n, float(payload_bytes))
             ici, steps = c["ici_bytes"], c["ici_steps"]
+        elif op in ("all_gather", "reduce_scatter"):
+            # FSDP over DCN: the chips holding the same shard position in each slice exchange their
+            # shards over DCN ((H-1)/H of the 1/local buffer), and the slice-local ring gathers /
+            # scatters the whole buffer over ICI (reduce-scatter: the same two in reverse).
+            if local > 1:
+                c = _C._ring_cost(op, local, float(payload_bytes))
+                ici, steps = c["ici_bytes"], c["ici_steps"]
+            dcn = _C._ring_cost(op, hosts, float(payload_bytes) / local)["ici_bytes"]
         else:
             # tpu_dist's hierarchical all_reduce (csrc/distributed/hierarchical_transport.cc): local
             # reduce-scatter, all-reduce of the 1/local shard across slices, local all-gather.

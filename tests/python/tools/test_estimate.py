@@ -260,7 +260,7 @@ def _cli(*args, timeout=240):
       "--tp", "4", "--fsdp", "1"], "key/value heads"),
     (["--model", "llama", "--d-model", "1000", "--n-heads", "16"], "not a multiple of n_heads"),
     (["--model", "gpt-small", "--topology", "v6e-8", "--tp", "2"], "Llama-style models only"),
-    (["--model", "llama3-8b", "--topology", "v6e-8", "--slices", "2", "--dp", "1", "--fsdp", "16"],
+    (["--model", "llama3-8b", "--topology", "v6e-8", "--slices", "2", "--dp", "1", "--tp", "16", "--fsdp", "1"],
      "multiple of slices"),
     # bad input that used to escape as a traceback or be silently replaced by a default
     (["--model", "llama", "--config", "[1, 2]"], "--config: a JSON object"),
