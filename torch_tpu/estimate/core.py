@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import importlib
 import resource
 import time
@@ -319,6 +320,7 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         raise ValueError("loss_chunks applies to Llama-style models only")
     if not isinstance(steps, int) or steps < 1:  # the counters read are those of the last step
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    gc.collect()  # a previous run's model and optimizer (reference cycles) hold no HBM during this one
     t0 = time.perf_counter()
     rss0 = _rss_bytes()
     dev = torch.device("tpu", device)

@@ -293,6 +293,16 @@ def test_published_rows(row):
 # --- pricing rules: causal attention, fused elementwise regions, FSDP units, weight dtype -----
 
 
+def test_mlp_output_is_no_residual():
+    """The dense MLP's output (mlpwo) feeds only the residual add: a policy saving it keeps
+    exactly what the same policy without it keeps (same peak, same FLOPs), and offloading it moves
+    nothing, as JAX keeps only residuals of the backward."""
+    a, b = _run("save_dot_except_mlpwi"), _run("save_dot_except_mlp")
+    assert a["hbm_peak_bytes"] == b["hbm_peak_bytes"] and a["stats"]["flops"] == b["stats"]["flops"]
+    off = _run("custom", offload=("mlpwo",))
+    assert off["host"]["d2h_bytes"] == 0 and off["hbm_peak_bytes"] == _run("full")["hbm_peak_bytes"]
+
+
 def test_causal_flash_attention_priced_over_unmasked_pairs():
     """is_causal: the fused kernel's FLOPs cover the T(T+1)/2 unmasked query/key pairs of T x T
     (4·B·H·pairs·D forward, 8·B·H·pairs·D backward); without it all T·S pairs."""

@@ -289,7 +289,7 @@ class LlamaMLP(nn.Module):
             a = self.w1(x)
         with tag("mlpwi_1"):
             b = self.w3(x)
-        with tag("mlpwo"):
+        with tag("mlpwo", residual=False):  # feeds only the residual add
             return self.w2(swiglu(a, b))
 
 
