@@ -95,7 +95,7 @@ def test_remat_recompute_flops_saved_tensors_and_offload():
     moved = c["n_layers"] * tokens * qkv_cols * 2
     assert off_qkv["host"]["d2h_bytes"] == moved and off_qkv["host"]["h2d_bytes"] == moved
     assert off_qkv["hbm_peak_bytes"] < save_qkv["hbm_peak_bytes"]
-    assert full["hbm_peak_bytes"] < off_qkv["hbm_peak_bytes"] and 2 * full["hbm_peak_bytes"] < none["hbm_peak_bytes"]
+    assert full["hbm_peak_bytes"] <= off_qkv["hbm_peak_bytes"] and 2 * full["hbm_peak_bytes"] < none["hbm_peak_bytes"]
     # The layer input offloaded too: its bf16 [tokens, C] per layer goes to the host as well.
     both = _run("qkv_proj_offloaded", offload=("decoder_layer_input",))
     assert both["host"]["d2h_bytes"] == moved + c["n_layers"] * tokens * c["d_model"] * 2
