@@ -450,3 +450,32 @@ def test_dry_run_restores_the_mode_after_an_exception_and_nests():
             pass
         assert _C._dry_run()  # the inner exit restores the outer dry run
     assert not _C._dry_run()
+
+
+def test_fused_dry_run_equals_real_defer_and_fuse_llama_step():
+    """fuse=True: the dry run prices the fused regions a real defer_and_fuse step runs: the same
+    ops and FLOPs; HBM bytes and device seconds within 0.5 % (the dry run's data-parallel
+    gradient pricing reads the gradients, which ends some regions at other points)."""
+    from torch_tpu.estimate.core import _global_eager_mode, _optimizer
+    from torch_tpu.estimate.models import Llama
+
+    cfg = LLAMA_PRESETS["llama-tiny"]
+    dev = torch.device("tpu", DEV)
+    torch.manual_seed(0)
+    model = Llama(cfg).to(dev)
+    opt = _optimizer(model_spec("llama-tiny"), model)
+    x = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len))
+    y = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len))
+    with _global_eager_mode("defer_and_fuse"):
+        real = _measure_real_step(model, opt, x, y, dev)
+    n = _chips()
+    raw = run(model_spec("llama-tiny", batch=4 * n), Parallelism(dp=n), device=DEV, fuse=True)
+    assert raw["fused"] and raw["stats"]["ops"] < run(model_spec("llama-tiny", batch=4 * n), Parallelism(dp=n),
+                                                      device=DEV)["stats"]["ops"]
+    dry = raw["stats"]
+    assert dry["ops"] == real["ops"] and dry["flops"] == real["flops"]
+    for key in ("bytes_read", "bytes_written"):
+        assert dry[key] == pytest.approx(real[key], rel=5e-3), key
+    for g in GENS:
+        assert dry["device_seconds_by_generation"][g] == pytest.approx(real["device_seconds_by_generation"][g],
+                                                                       rel=5e-3), g
