@@ -1,8 +1,9 @@
 """Estimates beside published step times (torch_tpu.estimate.published.PUBLISHED).
 
-    python bench/estimate_published.py [name-substring ...]
+    python bench/estimate_published.py [--fuse] [name-substring ...]
 
-Prints, per row: estimated and published step time, their ratio, HBM peak and fit.
+Prints, per row: estimated and published step time, their ratio, HBM peak and fit. ``--fuse``
+adds ``--fuse`` to every row (elementwise chains priced as defer_and_fuse's fused regions).
 """
 
 import json
@@ -24,11 +25,13 @@ def estimate_row(row, timeout=1200):
 
 
 def main(argv):
+    extra = [a for a in argv if a == "--fuse"]
+    argv = [a for a in argv if a != "--fuse"]
     for row in PUBLISHED:
         if argv and not any(a in row["name"] for a in argv):
             continue
         t0 = time.perf_counter()
-        r = estimate_row(row)
+        r = estimate_row(dict(row, args=row["args"] + extra))
         e = r["by_generation"][row["generation"]]
         print(f"{row['name']:<38} {row['role']:<8} est {e['step_time_s']:8.2f} s  published {row['step_s']:8.2f} s  "
               f"ratio {e['step_time_s'] / row['step_s']:.3f}  HBM {r['hbm_peak_bytes'] / 2**30:6.1f} GiB "

@@ -2,6 +2,7 @@
 
 #include <c10/util/accumulate.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -67,6 +68,13 @@ double conv_flops(const at::Tensor& input, const at::Tensor& weight, const at::T
 }
 
 }  // namespace
+
+double causal_pairs(int64_t t, int64_t s, bool causal) {
+  if (!causal) return static_cast<double>(t) * static_cast<double>(s);
+  // Rows i < t each see keys 0..min(i, s - 1): sum over i of min(i + 1, s).
+  const double full = static_cast<double>(std::min(t, s));
+  return full * (full + 1) / 2 + static_cast<double>(std::max<int64_t>(0, t - s)) * static_cast<double>(s);
+}
 
 double physical_bytes_of(const at::Tensor& t) {
   if (!t.defined()) return 0;
@@ -151,15 +159,19 @@ vtpu::OpCost op_cost(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValu
   if (name == "aten::_scaled_dot_product_flash_attention_for_cpu" ||
       name == "aten::_scaled_dot_product_flash_attention_for_cpu_backward") {
     // Fused attention: the T x S scores stay on chip (VMEM); FLOPs as flop_counter's
-    // sdpa_flop_count: forward QK^T and PV 4·B·H·T·S·D, backward 8·B·H·T·S·D (causal not halved).
+    // sdpa_flop_count: forward QK^T and PV 4·B·H·T·S·D, backward 8·B·H·T·S·D, over the
+    // query/key pairs the kernel computes: with is_causal (PyTorch's top-left mask, key j <= query i)
+    // a TPU flash kernel skips the masked blocks, so only the unmasked pairs are priced.
     const bool backward = name.size() > 9 && name.compare(name.size() - 9, 9, "_backward") == 0;
     const at::Tensor* q = tensor_arg(args, backward ? 1 : 0);
     const at::Tensor* k = tensor_arg(args, backward ? 2 : 1);
+    const size_t causal_at = backward ? 7 : 4;
+    const bool causal = causal_at < args.size() && args[causal_at].isBool() && args[causal_at].toBool();
     if (q && k && q->dim() == 4 && k->dim() == 4) {
       const int64_t b = q->size(0), h = q->size(1), t = q->size(2), d = q->size(3), s = k->size(2);
       c.mxu = true;
       c.m = t, c.k = d, c.n = s;
-      c.flops = (backward ? 8.0 : 4.0) * b * h * t * s * d;
+      c.flops = (backward ? 8.0 : 4.0) * b * h * causal_pairs(t, s, causal) * d;
       c.passes = passes_for(q->scalar_type(), precision);
       return c;
     }

@@ -30,6 +30,10 @@ void set_custom_op_cost(const std::string& op, CustomOpCostFn fn);
 // A copy or fill that moves `bytes_read` and writes `bytes_written` HBM bytes.
 vtpu::OpCost transfer_cost(double bytes_read, double bytes_written);
 
+// Query/key pairs an attention over t queries and s keys computes: t·s, or with a causal
+// (top-left: key j <= query i) mask the unmasked ones, sum over i of min(i + 1, s).
+double causal_pairs(int64_t t, int64_t s, bool causal);
+
 // Physical bytes a tensor occupies in HBM (tiled layout); 0 for undefined.
 double physical_bytes_of(const at::Tensor& t);
 

@@ -23,6 +23,7 @@
 #include "ir/printer.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
+#include "runtime/dry_run.h"
 
 namespace torch_tpu {
 namespace defer {
@@ -438,7 +439,8 @@ void flush_locked(ChipState& cs, Reason why) {
     } else {
       record_region_costs(r->device, launch);
       if (!dump_dir().empty()) dump_region(ctx->graph, launch, *ctx);
-      stream.enqueue_named(region_event_name(ctx->graph), [run] { run_region(*run); });
+      // A dry run prices the fused region and allocates its live outputs, computing nothing.
+      if (!dry_run()) stream.enqueue_named(region_event_name(ctx->graph), [run] { run_region(*run); });
     }
   } else if (r->rng_params && !philox_only(r->params)) {
     // Nothing it computes is used, but strict mode would have drawn its

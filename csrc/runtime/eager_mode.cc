@@ -37,9 +37,11 @@ std::function<std::string()>& provider() {
 
 }  // namespace
 
-// A dry run prices ops one by one as strict mode issues them (nothing deferred or checked).
+// A dry run prices ops as the mode issues them: one by one (strict; debug's checks need values,
+// so it runs as strict) or as defer_and_fuse's fused regions.
 EagerMode eager_mode() {
-  if (dry_run()) return EagerMode::kStrict;
+  const EagerMode m = tls_mode >= 0 ? static_cast<EagerMode>(tls_mode) : global_eager_mode();
+  if (dry_run()) return m == EagerMode::kDeferAndFuse ? m : EagerMode::kStrict;
   return tls_mode >= 0 ? static_cast<EagerMode>(tls_mode) : global_eager_mode();
 }
 EagerMode global_eager_mode() { return static_cast<EagerMode>(global_mode().load(std::memory_order_relaxed)); }

@@ -66,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=int, default=0,
                    help="pipeline microbatches per step (default: one per sequence of the chip's batch)")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16 autocast or fp32")
+    p.add_argument("--weight-dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="parameters (FSDP shards), gradients and AdamW state: fp32 or bf16 (MaxText's weight_dtype)")
+    p.add_argument("--fuse", action="store_true",
+                   help="price (and allocate) chains of elementwise ops as defer_and_fuse's fused regions instead of "
+                        "one op at a time")
     p.add_argument("--loss-chunks", type=int, default=None,
                    help="Llama: output projection and loss over N chunks of tokens, each recomputed in backward "
                         "(default: enough chunks for at most 256 MiB of float32 logits each)")
@@ -262,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         raw = run(spec, par, attention=args.attention, remat=args.remat, save=names(args.save),
-                  offload=names(args.offload), dtype=args.dtype, loss_chunks=args.loss_chunks)
+                  offload=names(args.offload), dtype=args.dtype, loss_chunks=args.loss_chunks,
+                  weight_dtype=args.weight_dtype, fuse=args.fuse)
     except ValueError as e:  # a factory that raises or returns no nn.Module: its message, not a traceback
         raise SystemExit(f"torch_tpu.estimate: error: {e}") from None
     r = report(spec, par, raw, topology=name, overlap=not args.no_overlap)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import importlib
 import resource
 import time
@@ -136,8 +137,9 @@ def check_plan(spec: ModelSpec, par: Parallelism, slice_chips: int) -> None:
             raise ValueError(f"--pp {par.pp} does not divide the {spec.llama.n_layers} layers")
     elif par.microbatches:
         raise ValueError("--microbatches applies to pipeline parallelism (--pp above 1)")
-    if par.dp % par.slices:
-        raise ValueError(f"dp {par.dp} is not a multiple of slices {par.slices} (data parallelism spans the slices)")
+    if par.dp % par.slices and par.fsdp % par.slices:
+        raise ValueError(f"neither dp {par.dp} nor fsdp {par.fsdp} is a multiple of slices {par.slices} "
+                         "(data parallelism, or else FSDP, spans the slices)")
     if spec.batch % par.data_parallel:
         raise ValueError(f"global batch {spec.batch} does not divide into dp x fsdp = {par.data_parallel} "
                          f"data-parallel replicas")
@@ -225,6 +227,20 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y:
     return loss
 
 
+@contextlib.contextmanager
+def _global_eager_mode(mode: str):
+    """The process-wide eager mode inside (autograd's backward thread follows it), the previous
+    one restored after."""
+    previous = _C._get_eager_mode()
+    _C._defer_flush()
+    _C._set_eager_mode(mode)
+    try:
+        yield
+    finally:
+        _C._defer_flush()  # issues (here: prices) what the mode recorded
+        _C._set_eager_mode(previous)
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
@@ -263,12 +279,17 @@ def _bound(device: int) -> dict:
 
 def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "flash", remat=False,
         save=(), offload=(), dtype: str = "bf16", loss_chunks: int | None = 1, steps: int = 2,
-        device: int = 0) -> dict:
+        device: int = 0, weight_dtype: str = "fp32", fuse: bool = False) -> dict:
     """Dry-runs ``steps`` training steps of chip 0's share of the model on tpu:``device`` of
     this process's slice and measures the last one (the first creates optimizer state).
     ``remat``: a MaxText remat policy name (``remat.POLICIES``; True: ``full``, False:
     ``none``), ``save`` / ``offload``: tensor names added to it (``custom`` takes only these).
     ``loss_chunks``: Llama only, see ``models.Llama``; None: :func:`auto_loss_chunks`.
+    ``weight_dtype`` ("fp32" or "bf16", MaxText's ``weight_dtype``): the parameters (FSDP
+    shards), their gradients and the AdamW state. ``fuse``: run the step in ``defer_and_fuse``
+    mode, so that chains of elementwise ops are priced (and allocated) as the fused regions a
+    compiler makes of them (an XLA step fuses them too); False (default): every op on its own
+    (strict; docs/estimate.md says why this is the default).
     With pipeline parallelism the chip runs one stage over the microbatches in flight on
     stage 0 (min(pp, M) of them, one forward and backward), and :func:`report` scales the
     time to M microbatches and adds the bubble.
@@ -288,6 +309,9 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         raise ValueError(f"attention must be 'flash' or 'math', got {attention!r}")
     if dtype not in ("bf16", "fp32"):
         raise ValueError(f"dtype must be 'bf16' or 'fp32', got {dtype!r}")
+    if weight_dtype not in ("bf16", "fp32"):
+        raise ValueError(f"weight_dtype must be 'bf16' or 'fp32', got {weight_dtype!r}")
+    wdt = torch.bfloat16 if weight_dtype == "bf16" else torch.float32
     if loss_chunks is None:
         loss_chunks = auto_loss_chunks(spec, par)
     if not isinstance(loss_chunks, int) or loss_chunks < 1:
@@ -296,13 +320,14 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         raise ValueError("loss_chunks applies to Llama-style models only")
     if not isinstance(steps, int) or steps < 1:  # the counters read are those of the last step
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    gc.collect()  # a previous run's model and optimizer (reference cycles) hold no HBM during this one
     t0 = time.perf_counter()
     rss0 = _rss_bytes()
     dev = torch.device("tpu", device)
     coll = Collectives(par, topo["num_chips"], device)
     host = R.HostTraffic()
     amp = torch.bfloat16 if dtype == "bf16" else None
-    with dry_run():
+    with dry_run(), _global_eager_mode("defer_and_fuse" if fuse else "strict"):
         try:
             with torch.device("meta"):
                 model = _build(spec, coll, attention, loss_chunks)
@@ -319,7 +344,9 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         # The whole model's parameters (the per-chip model holds 1/tp of most of them).
         params = spec.llama.num_params() if spec.kind == "llama" else _distinct_params(model)
         if par.fsdp > 1:
-            shard_model(model, coll, torch.bfloat16 if amp is not None else torch.float32)
+            shard_model(model, coll, torch.bfloat16 if amp is not None else torch.float32, wdt)
+        elif wdt != torch.float32:
+            model.to(wdt)
         model.to_empty(device=dev)
         for _, layer in layer_modules(model):
             R.wrap_layer(layer, plan, host)
@@ -365,6 +392,8 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         "host": {"d2h_bytes": host.d2h, "h2d_bytes": host.h2d, "tensors": host.count},
         "remat": {"policy": plan.policy, "save": sorted(plan.save), "offload": sorted(plan.offload)},
         "loss_chunks": loss_chunks,
+        "weight_dtype": weight_dtype,
+        "fused": fuse,
         "pipeline": {"microbatches": m, "microbatch": micro, "in_flight": inflight} if par.pp > 1 else None,
         "hbm_peak_bytes": int(mem["allocated_bytes_peak"]),
         "hbm_reserved_peak_bytes": int(mem["reserved_bytes_peak"]),
@@ -490,6 +519,8 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
         "collectives": raw["collectives"],
         "remat": raw.get("remat"),
         "loss_chunks": raw.get("loss_chunks"),
+        "weight_dtype": raw.get("weight_dtype", "fp32"),
+        "fused": raw.get("fused", False),
         "pipeline": pipe,
         "host_offload_bytes": host["d2h_bytes"] * repeat,
         "overlap": overlap,
@@ -501,12 +532,13 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
 
 def estimate(model: str = "gpt-small", *, parallel: Parallelism | None = None, attention: str = "flash",
              remat: bool | str = False, save=(), offload=(), dtype: str = "bf16", loss_chunks: int | None = None,
-             overlap: bool = True, **model_args) -> dict:
+             overlap: bool = True, weight_dtype: str = "fp32", fuse: bool = False, **model_args) -> dict:
     """Dry-run estimate of one training step of ``model`` (see :func:`model_spec`; keyword
     arguments go there: batch, seq_len, config_json, n_layers, ...) on this process's slice
     (``TORCH_TPU_TOPOLOGY``), chip 0's share under ``parallel`` (default: FSDP over every chip
     of the slice). ``remat`` / ``save`` / ``offload``: a MaxText remat policy and tensor names
-    (:func:`run`); ``loss_chunks`` None: chunked by :func:`auto_loss_chunks`. Returns
+    (:func:`run`); ``loss_chunks`` None: chunked by :func:`auto_loss_chunks`; ``weight_dtype``,
+    ``fuse``: see :func:`run`. Returns
     :func:`report`'s dict.
 
     HBM capacity is the runtime's (``TORCH_TPU_HBM_BYTES``); a share that does not fit it
@@ -520,5 +552,5 @@ def estimate(model: str = "gpt-small", *, parallel: Parallelism | None = None, a
     check_plan(spec, parallel, topo["num_chips"])
     R.resolve(remat, save, offload)
     raw = run(spec, parallel, attention=attention, remat=remat, save=save, offload=offload, dtype=dtype,
-              loss_chunks=loss_chunks)
+              loss_chunks=loss_chunks, weight_dtype=weight_dtype, fuse=fuse)
     return report(spec, parallel, raw, topology=topo["name"], overlap=overlap)

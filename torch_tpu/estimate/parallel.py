@@ -6,12 +6,14 @@ chip holds and computes, and adds the collectives the chip would take part in:
 - **DP** (``dp``): the chip sees batch / (dp · fsdp) sequences; gradients are all-reduced over
   the dp group after backward (one all-reduce per FSDP unit, i.e. per layer bucket).
 - **FSDP** (``fsdp``): the parameters of each unit (each element of every ``nn.ModuleList``,
-  e.g. a decoder layer, plus a root unit with the rest) live as one flat float32 shard of
+  e.g. a decoder layer; each other child of the root, e.g. the embedding and the head; a root
+  unit with what is left) live as one flat shard (float32, or the weight dtype) of
   1/fsdp of the unit's elements; before the unit's forward the full unit is gathered into a
   bf16 buffer that is *allocated in HBM* (so peak memory is exact), freed after the forward
   (storage resized to 0, as FSDP2 does), gathered again before its backward, and its gradient
-  is reduce-scattered into a float32 shard gradient. Gradients and AdamW state are therefore
-  1/fsdp too. The root unit stays gathered from its forward to its backward.
+  is reduce-scattered into a shard gradient of the shard's dtype. Gradients and AdamW state
+  are therefore 1/fsdp too (and in the weight dtype: MaxText's ``weight_dtype``, its optimizer
+  state following it). A root unit stays gathered from its forward to its backward.
 - **TP** (``tp``): Megatron-style, through the model (``models.Llama``): heads, MLP width and
   vocabulary / tp per chip, all-reduces at Megatron's f / g operators.
 - **EP** (``ep``, mixture-of-experts models): the experts are split over ep chips of the
@@ -24,8 +26,11 @@ chip holds and computes, and adds the collectives the chip would take part in:
   microbatches, with the pipeline bubble (pp - 1) / (M + pp - 1) of the step, and sends each
   microbatch's activations to the next stage (and gradients back) over one ICI link.
 - **Slices** (``slices``): several slices joined by the data-centre network; the dp axis spans
-  them (dp must be a multiple of slices) and its all-reduce is hierarchical, as tpu_dist's:
+  them when dp is a multiple of slices (HSDP) and its all-reduce is hierarchical, as tpu_dist's:
   reduce-scatter inside the slice, all-reduce of the shard across slices (DCN), all-gather.
+  Otherwise the fsdp axis spans them (MaxText's ``dcn_fsdp_parallelism``): each all-gather /
+  reduce-scatter is a DCN exchange of the 1/local shards between the slices plus the slice's
+  ICI ring over the whole buffer.
 
 Collectives are priced with tpu_dist's own ring formulas (``_C._ring_cost``, from
 csrc/distributed/collectives.cc), over as many ICI links as tpu_dist would drive for the
@@ -65,6 +70,12 @@ class Parallelism:
         return self.dp * self.fsdp * self.tp * self.pp
 
     @property
+    def fsdp_slices(self) -> int:
+        """Slices the fsdp axis spans: 1 when dp spans them (HSDP, dp a multiple of the slices),
+        else all of them (FSDP over DCN, MaxText's dcn_fsdp_parallelism)."""
+        return 1 if self.dp % self.slices == 0 else self.slices
+
+    @property
     def data_parallel(self) -> int:
         """Ways the batch is split: dp · fsdp."""
         return self.dp * self.fsdp
@@ -75,7 +86,7 @@ def _group_chips(par: Parallelism, slice_chips: int) -> dict[str, list[int]]:
     (dp / slices, fsdp, tp) laid out by ``topology_aware_mesh`` (tp innermost)."""
     from ..distributed.mesh import rank_chips, topology_aware_mesh
 
-    shape = (par.dp // par.slices * par.pp, par.fsdp, par.tp)
+    shape = (max(1, par.dp // par.slices) * par.pp, par.fsdp // par.fsdp_slices, par.tp)
     try:
         mesh = topology_aware_mesh(shape, world_size=slice_chips)
     except ValueError:
@@ -124,13 +135,21 @@ class Collectives:
             _C._record_collective(self.device, float(payload_bytes), ici, links, steps, 0.0)
             self._tally(op, axis, payload_bytes, ici, 0.0, steps)
             return
-        hosts = self.par.slices if axis == "dp" else 1
+        hosts = self.par.slices if axis == "dp" else self.par.fsdp_slices if axis == "fsdp" else 1
         local = n // hosts
         ici = dcn = 0.0
         steps = 0
         if hosts == 1:
             c = _C._ring_cost(op, n, float(payload_bytes))
             ici, steps = c["ici_bytes"], c["ici_steps"]
+        elif op in ("all_gather", "reduce_scatter"):
+            # FSDP over DCN: the chips holding the same shard position in each slice exchange their
+            # shards over DCN ((H-1)/H of the 1/local buffer), and the slice-local ring gathers /
+            # scatters the whole buffer over ICI (reduce-scatter: the same two in reverse).
+            if local > 1:
+                c = _C._ring_cost(op, local, float(payload_bytes))
+                ici, steps = c["ici_bytes"], c["ici_steps"]
+            dcn = _C._ring_cost(op, hosts, float(payload_bytes) / local)["ici_bytes"]
         else:
             # tpu_dist's hierarchical all_reduce (csrc/distributed/hierarchical_transport.cc): local
             # reduce-scatter, all-reduce of the 1/local shard across slices, local all-gather.
@@ -232,12 +251,13 @@ class FSDPUnit:
     submodules that are not units themselves (``skip``). See the module docstring."""
 
     def __init__(self, name: str, module: nn.Module, skip: list[nn.Module], coll: Collectives,
-                 compute_dtype: torch.dtype, reshard_after_forward: bool):
+                 compute_dtype: torch.dtype, reshard_after_forward: bool, param_dtype: torch.dtype = torch.float32):
         self.name = name
         self.module = module
         self.coll = coll
         self.dtype = compute_dtype
         self.reshard = reshard_after_forward
+        self.param_dtype = param_dtype
         self.full: torch.Tensor | None = None
         skip_ids = {id(m) for m in skip}
         self.entries: list[tuple[nn.Module, str, int]] = []  # owner, name, index in unique
@@ -263,7 +283,7 @@ class FSDPUnit:
                 del mod._parameters[pname]
             object.__setattr__(mod, pname, None)
         self.attr = f"_fsdp_shard_{name.replace('.', '_')}"
-        module.register_parameter(self.attr, nn.Parameter(torch.empty(self.shard_numel, dtype=torch.float32,
+        module.register_parameter(self.attr, nn.Parameter(torch.empty(self.shard_numel, dtype=param_dtype,
                                                                       device="meta")))
         module.register_forward_pre_hook(self._pre_forward)
         module.register_forward_hook(self._post_forward)
@@ -319,7 +339,7 @@ class FSDPUnit:
             self.coll.price("all_reduce", "dp", _nbytes(part))  # HSDP: shards across replicas
         if self.full is not None and self.reshard:
             self.full.untyped_storage().resize_(0)
-        return part.to(torch.float32)
+        return part.to(self.param_dtype)
 
 
 def _tensors(output):
@@ -343,12 +363,33 @@ def layer_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return out
 
 
-def shard_model(model: nn.Module, coll: Collectives, compute_dtype: torch.dtype = torch.bfloat16) -> list[FSDPUnit]:
-    """Replaces ``model``'s parameters by FSDP units' shards (meta tensors: call
-    ``model.to_empty(device=...)`` afterwards). Returns the units, layers first, root last."""
+def top_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The root's direct children holding parameters outside :func:`layer_modules` (Llama: the
+    embedding and the head), each its own FSDP unit as TorchTitan shards ``tok_embeddings`` and
+    ``[norm, output]``; children sharing a parameter with another (tied weights) stay in the root."""
+    inside = {id(sub) for _, m in layer_modules(model) for sub in m.modules()}
+    kids = [(n, c) for n, c in model.named_children()
+            if id(c) not in inside and not isinstance(c, nn.ModuleList) and any(True for _ in c.parameters())]
+    owners: dict[int, int] = {}
+    for _, c in kids:
+        for p in c.parameters():
+            owners[id(p)] = owners.get(id(p), 0) + 1
+    return [(n, c) for n, c in kids if all(owners[id(p)] == 1 for p in c.parameters())]
+
+
+def shard_model(model: nn.Module, coll: Collectives, compute_dtype: torch.dtype = torch.bfloat16,
+                param_dtype: torch.dtype = torch.float32) -> list[FSDPUnit]:
+    """Replaces ``model``'s parameters by FSDP units' shards of ``param_dtype`` (meta tensors: call
+    ``model.to_empty(device=...)`` afterwards). Units: each layer (:func:`layer_modules`), each of
+    :func:`top_units`, all resharded after their forward (FSDP2's default), then a root unit with
+    the rest (if any), kept gathered from its forward to its backward. Returns them in that order."""
     layers = layer_modules(model)
-    units = [FSDPUnit(name, m, [], coll, compute_dtype, reshard_after_forward=True) for name, m in layers]
-    units.append(FSDPUnit("root", model, [m for _, m in layers], coll, compute_dtype, reshard_after_forward=False))
+    tops = top_units(model)
+    units = [FSDPUnit(name, m, [], coll, compute_dtype, True, param_dtype) for name, m in layers + tops]
+    skip = [m for _, m in layers + tops]
+    skipped = {id(p) for m in skip for p in m.parameters()}
+    if any(id(p) not in skipped for p in model.parameters()):
+        units.append(FSDPUnit("root", model, skip, coll, compute_dtype, False, param_dtype))
     return units
 
 

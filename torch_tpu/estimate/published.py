@@ -58,12 +58,13 @@ PUBLISHED = [
          _T + "Llama3.1-70B-MaxText/v6e-128/README.md", "held_out", "v6e"),
     _row("Llama 3.1 70B, v6e-64", "llama3-70b", "v6e-64", 128, _L31_70B_OFFLOAD, 18.688,
          _T + "Llama3.1-70B-MaxText/v6e-64/README.md", "held_out", "v6e"),
+    # llama3_1_70b_8192_bs2_bfloat16_no_collective_matmul: weight_dtype bfloat16.
     _row("Llama 3.1 70B, v6e-32", "llama3-70b", "v6e-32", 64, _L31_70B_OFFLOAD, 17.790,
-         _T + "Llama3.1-70B-MaxText/v6e-32/README.md", "held_out", "v6e"),
-    # ici_fsdp 256 x dcn_fsdp 2: FSDP inside each slice, the 2 slices over DCN (HSDP here).
+         _T + "Llama3.1-70B-MaxText/v6e-32/README.md", "held_out", "v6e", "--weight-dtype", "bf16"),
+    # llama3_1_405b_8192_pure_fsdp_ici: ici_fsdp 256 x dcn_fsdp 2, FSDP over both slices (DCN).
     _row("Llama 3.1 405B, 2 x v6e-256", "llama3-405b", "v6e-256", 512,
          ["--remat", "custom", "--offload", "decoder_layer_input"], 54.803,
-         _T + "Llama3.1-405B-MaxText/README.md", "held_out", "v6e", "--slices", "2", "--dp", "2"),
+         _T + "Llama3.1-405B-MaxText/README.md", "held_out", "v6e", "--slices", "2", "--dp", "1"),
     _row("Llama 3.1 405B, v5p-1024 (512 chips)", "llama3-405b", "v5p-1024", 1024,
          ["--remat", "custom", "--offload", "context,mlpwo"], 131.474,
          "github.com/AI-Hypercomputer/tpu-recipes@c8cfe2f689081d36701a101cd73a70965d80926b:"

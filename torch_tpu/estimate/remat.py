@@ -113,6 +113,7 @@ def resolve(policy: str | bool | None, save=(), offload=()) -> RematPlan:
 
 # -- tagging --------------------------------------------------------------------------------
 _current: list[str | None] = [None]
+_residual: list[bool] = [True]
 
 # Ops whose output a tag names (the MXU op of a projection, the attention kernel).
 _TAGGED_OPS = {"mm", "bmm", "addmm", "_scaled_dot_product_flash_attention_for_cpu",
@@ -121,14 +122,18 @@ _TAGGED_OPS = {"mm", "bmm", "addmm", "_scaled_dot_product_flash_attention_for_cp
 
 
 @contextlib.contextmanager
-def tag(name: str):
-    """The matmul / attention ops run inside produce the tensor MaxText calls ``name``."""
-    prev = _current[0]
-    _current[0] = name
+def tag(name: str, residual: bool = True):
+    """The matmul / attention ops run inside produce the tensor MaxText calls ``name``.
+    ``residual=False``: no backward op of the layer reads it and the recomputation stops before
+    it (e.g. the MLP's output, consumed only by the residual add, whose gradient needs no input);
+    JAX keeps a named value only when it is a residual of the backward, so a policy saving or
+    offloading it keeps nothing and moves nothing."""
+    prev, prev_residual = _current[0], _residual[0]
+    _current[0], _residual[0] = name, residual
     try:
         yield
     finally:
-        _current[0] = prev
+        _current[0], _residual[0] = prev, prev_residual
 
 
 class HostTraffic:
@@ -186,7 +191,7 @@ def _policy_fn(plan: RematPlan, offloaded: _Offloaded, ctx, func, *args, **kwarg
     from torch.utils.checkpoint import CheckpointPolicy
 
     name = _current[0]
-    if name is not None and func._opname in _TAGGED_OPS:
+    if name is not None and func._opname in _TAGGED_OPS and _residual[0]:
         if name in plan.save:
             return CheckpointPolicy.MUST_SAVE
         if name in plan.offload:

@@ -151,8 +151,12 @@ def _layer_numel(cfg, tp):
     return c * h * d + 2 * c * kv * d + h * d * c + 3 * c * cfg.ffn_dim // tp + 2 * c
 
 
-def _root_numel(cfg, tp):
-    return 2 * (cfg.vocab_size // tp) * cfg.d_model + cfg.d_model
+def _embed_numel(cfg, tp):
+    return (cfg.vocab_size // tp) * cfg.d_model
+
+
+def _head_numel(cfg, tp):  # final norm + output projection
+    return (cfg.vocab_size // tp) * cfg.d_model + cfg.d_model
 
 
 @pytest.mark.parametrize("dp,fsdp,tp,remat", [(1, 0, 2, False), (2, 0, 1, True), (1, 0, 1, False)])
@@ -166,21 +170,22 @@ def test_fsdp_tp_arithmetic(dp, fsdp, tp, remat):
     batch = 2 * dp * fsdp
     raw = run(model_spec("llama-tiny", batch=batch), par, remat=remat, device=DEV)
     L = cfg.n_layers
-    layer, root = _layer_numel(cfg, tp), _root_numel(cfg, tp)
+    layer, embed, head = _layer_numel(cfg, tp), _embed_numel(cfg, tp), _head_numel(cfg, tp)
     shard = lambda numel: -(-numel // fsdp)  # noqa: E731
-    assert raw["per_chip_params"] == L * shard(layer) + shard(root)
+    held = L * shard(layer) + shard(embed) + shard(head)
+    assert raw["per_chip_params"] == held
     assert raw["local_batch"] == 2
     assert raw["params"] == cfg.num_params()
     coll = raw["collectives"]
     ag = coll["all_gather/fsdp"]
-    # Each layer gathered before its forward and again before its backward, the root once;
-    # the buffer holds fsdp shards in bf16.
-    assert ag["count"] == 2 * L + 1
-    assert ag["payload_bytes"] == 2 * L * shard(layer) * fsdp * 2 + shard(root) * fsdp * 2
+    # Each unit (layers, embedding, head) gathered before its forward and again before its
+    # backward; the buffer holds fsdp shards in bf16.
+    assert ag["count"] == 2 * (L + 2)
+    assert ag["payload_bytes"] == 2 * held * fsdp * 2
     assert ag["ici_bytes"] == pytest.approx((fsdp - 1) / fsdp * ag["payload_bytes"])
     assert ag["ici_steps"] == ag["count"] * (fsdp - 1)
     rs = coll["reduce_scatter/fsdp"]
-    assert rs["count"] == L + 1
+    assert rs["count"] == L + 2
     if tp > 1:
         ar = coll["all_reduce/tp"]
         tokens = 2 * cfg.seq_len
@@ -193,8 +198,8 @@ def test_fsdp_tp_arithmetic(dp, fsdp, tp, remat):
         assert big * tokens * cfg.d_model * 2 + small <= ar["payload_bytes"] <= big * tokens * cfg.d_model * 4 + small
     if dp > 1:
         hs = coll["all_reduce/dp"]
-        assert hs["count"] == L + 1  # HSDP: each unit's shard across replicas
-        assert hs["payload_bytes"] == (L * shard(layer) + shard(root)) * 2
+        assert hs["count"] == L + 2  # HSDP: each unit's shard across replicas
+        assert hs["payload_bytes"] == held * 2
     # The counters' ICI time is the sum over the tally (same formula).
     specs = {g["generation"]: g for g in torch_tpu.runtime.generations()}
     v6e = specs["v6e"]
@@ -225,10 +230,11 @@ def test_data_parallel_arithmetic():
     d2 = three["stats"]["flops"] - two["stats"]["flops"]
     assert d1 > 0 and d2 == pytest.approx(d1, rel=1e-9)
     # Matmul FLOPs of one sequence: 2·(params in matmuls)·T forward, twice that backward,
-    # plus attention's 4·T·T·C forward and 8·T·T·C backward (flop_counter's sdpa counts).
+    # plus causal attention's 4·P·C forward and 8·P·C backward over its P = T(T+1)/2 unmasked
+    # query/key pairs (flop_counter's sdpa counts, masked blocks skipped).
     T, C = cfg.seq_len, cfg.d_model
     matmul_params = cfg.n_layers * (_layer_numel(cfg, 1) - 2 * C) + cfg.vocab_size * C
-    mxu = 6 * matmul_params * T + 12 * cfg.n_layers * T * T * C
+    mxu = 6 * matmul_params * T + 12 * cfg.n_layers * T * (T + 1) // 2 * C
     assert d1 > mxu and d1 < 1.2 * mxu  # the rest: elementwise ops, one FLOP per element
 
 
@@ -254,7 +260,7 @@ def _cli(*args, timeout=240):
       "--tp", "4", "--fsdp", "1"], "key/value heads"),
     (["--model", "llama", "--d-model", "1000", "--n-heads", "16"], "not a multiple of n_heads"),
     (["--model", "gpt-small", "--topology", "v6e-8", "--tp", "2"], "Llama-style models only"),
-    (["--model", "llama3-8b", "--topology", "v6e-8", "--slices", "2", "--dp", "1", "--fsdp", "16"],
+    (["--model", "llama3-8b", "--topology", "v6e-8", "--slices", "2", "--dp", "1", "--tp", "16", "--fsdp", "1"],
      "multiple of slices"),
     # bad input that used to escape as a traceback or be silently replaced by a default
     (["--model", "llama", "--config", "[1, 2]"], "--config: a JSON object"),
@@ -444,3 +450,32 @@ def test_dry_run_restores_the_mode_after_an_exception_and_nests():
             pass
         assert _C._dry_run()  # the inner exit restores the outer dry run
     assert not _C._dry_run()
+
+
+def test_fused_dry_run_equals_real_defer_and_fuse_llama_step():
+    """fuse=True: the dry run prices the fused regions a real defer_and_fuse step runs: the same
+    ops and FLOPs; HBM bytes and device seconds within 0.5 % (the dry run's data-parallel
+    gradient pricing reads the gradients, which ends some regions at other points)."""
+    from torch_tpu.estimate.core import _global_eager_mode, _optimizer
+    from torch_tpu.estimate.models import Llama
+
+    cfg = LLAMA_PRESETS["llama-tiny"]
+    dev = torch.device("tpu", DEV)
+    torch.manual_seed(0)
+    model = Llama(cfg).to(dev)
+    opt = _optimizer(model_spec("llama-tiny"), model)
+    x = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len))
+    y = torch.randint(0, cfg.vocab_size, (4, cfg.seq_len))
+    with _global_eager_mode("defer_and_fuse"):
+        real = _measure_real_step(model, opt, x, y, dev)
+    n = _chips()
+    raw = run(model_spec("llama-tiny", batch=4 * n), Parallelism(dp=n), device=DEV, fuse=True)
+    assert raw["fused"] and raw["stats"]["ops"] < run(model_spec("llama-tiny", batch=4 * n), Parallelism(dp=n),
+                                                      device=DEV)["stats"]["ops"]
+    dry = raw["stats"]
+    assert dry["ops"] == real["ops"] and dry["flops"] == real["flops"]
+    for key in ("bytes_read", "bytes_written"):
+        assert dry[key] == pytest.approx(real[key], rel=5e-3), key
+    for g in GENS:
+        assert dry["device_seconds_by_generation"][g] == pytest.approx(real["device_seconds_by_generation"][g],
+                                                                       rel=5e-3), g

@@ -250,6 +250,29 @@ class LlamaAttention(nn.Module):
             return self.wo(y.transpose(1, 2).reshape(B, T, self.h * self.d))
 
 
+class SwiGLUGate(torch.autograd.Function):
+    """``silu(a) * b`` whose backward is one elementwise computation of ``da`` and ``db`` from the
+    saved ``a``, ``b`` and the incoming gradient, as a compiler's fused backward computes it:
+    ``s = sigmoid(a)``, ``db = g·a·s``, ``da = g·b·s·(1 + a·(1 - s))``. Autograd's own formula
+    would also keep ``silu(a)`` and the two partial products alive; XLA's step does not."""
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return F.silu(a) * b
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        a, b = ctx.saved_tensors
+        s = torch.sigmoid(a)
+        return g * b * s * (1 + a * (1 - s)), g * a * s
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``silu(a) * b`` with :class:`SwiGLUGate`'s backward: [..., F], [..., F] -> [..., F]."""
+    return SwiGLUGate.apply(a, b)
+
+
 class LlamaMLP(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x), this chip's F/tp columns (``width``: F, default the
     config's MLP width)."""
@@ -266,8 +289,8 @@ class LlamaMLP(nn.Module):
             a = self.w1(x)
         with tag("mlpwi_1"):
             b = self.w3(x)
-        with tag("mlpwo"):
-            return self.w2(F.silu(a) * b)
+        with tag("mlpwo", residual=False):  # feeds only the residual add
+            return self.w2(swiglu(a, b))
 
 
 class MoEMLP(nn.Module):
@@ -313,7 +336,7 @@ class MoEMLP(nn.Module):
         with tag("mlpwi_1"):
             b = torch.bmm(xe, self.w3)
         with tag("mlpwo"):
-            y = torch.bmm(F.silu(a) * b, self.w2)
+            y = torch.bmm(swiglu(a, b), self.w2)
         y = self.all_to_all(y.reshape(-1, C)[: n * self.k])  # combined back to the tokens' chips
         out = torch.empty_like(y).index_copy(0, order, y).view(n, self.k, C)
         # Weighted sum over the k experts as one batched matmul [N, 1, k] @ [N, k, C] (autocast
@@ -377,8 +400,7 @@ class Llama(nn.Module):
         c = cfg.d_model
         self.embed = nn.Embedding(cfg.vocab_size // tp, c)
         self.layers = nn.ModuleList(LlamaLayer(cfg, tp, attention, self.hooks, ep) for _ in range(cfg.n_layers))
-        self.norm = RMSNorm(c)
-        self.output = nn.Linear(c, cfg.vocab_size // tp, bias=False)
+        self.head = LlamaHead(cfg, tp, self.hooks, loss_chunks)
         d = cfg.head_dim
         inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device="cpu").float() / d))
         self._inv_freq = inv  # host; cos/sin tables are built on the model's device in forward
@@ -395,6 +417,24 @@ class Llama(nn.Module):
         cos, sin = emb.cos(), emb.sin()
         for layer in self.layers:
             x = layer(x, cos, sin)
+        return self.head(x, targets)
+
+
+class LlamaHead(nn.Module):
+    """Final RMSNorm, output projection (this chip's V/tp columns) and the mean cross-entropy:
+    ``forward(x [B, T, C], targets [B, T] int64)`` -> 0-dim float32. One module so that FSDP
+    gathers the output projection once for all loss chunks (its own unit, as TorchTitan shards
+    ``[norm, output]``). ``loss_chunks``: see :class:`Llama`."""
+
+    def __init__(self, cfg: LlamaConfig, tp: int, hooks: TPHooks, loss_chunks: int):
+        super().__init__()
+        self.norm = RMSNorm(cfg.d_model)
+        self.output = nn.Linear(cfg.d_model, cfg.vocab_size // tp, bias=False)
+        self.hooks = hooks
+        self.loss_chunks = loss_chunks
+
+    def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        B, T = targets.shape
         h = self.hooks.copy(self.norm(x))
         if self.loss_chunks <= 1:
             logits = self.output(h)  # [B, T, V/tp]
@@ -409,4 +449,3 @@ class Llama(nn.Module):
 
     def _chunk_loss(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(self.output(h).float(), targets, reduction="sum")
-
