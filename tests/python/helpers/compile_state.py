@@ -1,5 +1,7 @@
 """An autouse fixture for compile tests: import it into a test module (``from helpers.compile_state import fresh``)."""
 
+import os
+
 import pytest
 import torch
 
@@ -14,5 +16,12 @@ def fresh(tmp_path, monkeypatch):
     torch._dynamo.reset()
     program_cache.clear_memory_cache()
     torch_tpu.reset_compile_stats()
-    yield
+    if os.environ.get("TORCH_TPU_XLA_CHECK"):  # every program run: also through XLA:CPU, values compared
+        from helpers.xla_check import compare, recording
+
+        with recording() as seen:
+            yield
+        compare(seen)
+    else:
+        yield
     torch._dynamo.reset()

@@ -1,0 +1,69 @@
+"""Check compiled programs against XLA:CPU: every Program run inside :func:`recording` is lowered
+to StableHLO, parsed, verified, compiled by XLA:CPU through jaxlib and run on the same inputs;
+its results are compared with our executor's."""
+
+import contextlib
+
+import torch
+
+from torch_tpu.compile import program as program_mod
+from torch_tpu.compile import stablehlo, xla
+
+
+def to_host(t):
+    return t.detach().cpu() if isinstance(t, torch.Tensor) else t
+
+
+def run_lowered(low, inputs: list) -> tuple[list, dict]:
+    """Compile `low` (a :class:`stablehlo.Lowered`) with XLA and run it on `inputs` (the program's
+    inputs): (results as CPU tensors, {input index: new value})."""
+    exe = xla.compile_module(low.text)
+    args = [to_host(inputs[i]).contiguous().numpy() if to_host(inputs[i]).dtype != torch.bfloat16 else
+            to_host(inputs[i]).float().numpy() for i in low.params]
+    outs = xla.run(exe, args)
+    return [torch.from_dlpack(o) if hasattr(o, "__dlpack__") else torch.tensor(o) for o in outs]
+
+
+@contextlib.contextmanager
+def recording():
+    """Within it, every program run is recorded as (Lowered, inputs on CPU, our outputs on CPU)."""
+    seen = []
+    orig = program_mod.Program.__call__
+
+    def call(self, args):
+        ins = [to_host(a) for a in args]
+        out = orig(self, args)
+        seen.append((self, ins, [to_host(o) for o in out]))
+        return out
+
+    program_mod.Program.__call__ = call
+    try:
+        yield seen
+    finally:
+        program_mod.Program.__call__ = orig
+
+
+def compare(seen, atol=1e-4, rtol=1e-4) -> list[str]:
+    """Lower, verify, compile and run each recorded program; assert XLA's values equal ours.
+    Returns the names of the custom calls met (programs with them are checked for parsing only)."""
+    customs = []
+    for prog, ins, ours in seen:
+        low = stablehlo.lower(prog.desc, "m")
+        xla.parse(low.text)
+        if low.custom_calls:
+            customs += [c for c, _ in low.custom_calls]
+            continue
+        got = run_lowered(low, ins)
+        flat = _flatten(low.outputs)
+        assert len(flat) == len(ours), (len(flat), len(ours))
+        for o, ref in zip(flat, ours):
+            if "r" in o:
+                x = got[o["r"]]
+                torch.testing.assert_close(x.to(ref.dtype) if ref.dtype != x.dtype else x, ref, atol=atol, rtol=rtol)
+    return customs
+
+
+def _flatten(enc):
+    if isinstance(enc, dict) and "l" in enc:
+        return [y for x in enc["l"] for y in _flatten(x)]
+    return [enc]
