@@ -102,10 +102,17 @@ def compile_module(text: str):
     j = _jax()
     m = parse(text)
     be = backend()
-    devs = j["jax"]._src.lib.xla_client.DeviceList(tuple(be.local_devices()[:1]))
+    devs = device_list()
     opts = j["compiler"].get_compile_options(num_replicas=1, num_partitions=1)
     with _lock:
         return be.compile_and_load(j["mlir"].module_to_bytecode(m), devs, opts)
+
+
+def device_list():
+    """The one-device list programs compile for (the PJRT client's first device)."""
+    from jaxlib import xla_client
+
+    return xla_client.DeviceList(tuple(backend().local_devices()[:1]))
 
 
 def run(exe, arrays: list) -> list[Any]:

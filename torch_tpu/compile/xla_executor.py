@@ -1,0 +1,220 @@
+"""The XLA executor (``TORCH_TPU_EXECUTOR=xla`` / ``auto``): a compiled program's StableHLO module
+compiled by XLA (XLA:CPU through jaxlib, or a PJRT plugin, see :mod:`.xla`) and run on the
+program's inputs in place of our tile executor.
+
+Stream order: the inputs are read after the chip's stream has run the work queued before the
+call (a host read of each input waits for it), the results are written back to the chip's
+memory before the call returns, so later work sees them. Host views of the results come from
+XLA's buffers through DLPack (no copy); inputs go to XLA as host arrays (one copy each).
+A program whose module holds a custom call (an op with no StableHLO lowering), reads a
+non-tensor value, or that XLA rejects, runs on our executor; the reason is appended to
+``compile_stats()["xla_fallbacks"]``.
+
+``auto`` picks per program, deterministically from the program alone (so the choice is the
+same whenever the program is built or loaded, never re-timed): XLA when the module is
+complete and every tensor of the program holds at most :data:`AUTO_MAX_ELEMENTS` elements
+(below it XLA:CPU measured faster on the elementwise chains, above it ours; bench/README.md).
+"""
+
+import hashlib
+import logging
+import os
+import threading
+
+import torch
+
+from . import cache, stats
+from .hlo_emit import parse_type
+from .stablehlo import lower
+
+log = logging.getLogger("torch_tpu.compile")
+
+EXECUTORS = ("tile", "xla", "auto")
+AUTO_MAX_ELEMENTS = 1 << 21  # 2M elements
+
+
+def executor_setting() -> str:
+    """``TORCH_TPU_EXECUTOR``: ``tile`` (ours, the default), ``xla`` or ``auto``.
+
+    Raises:
+        ValueError: another value.
+    """
+    v = (os.environ.get("TORCH_TPU_EXECUTOR") or "tile").strip().lower()
+    if v not in EXECUTORS:
+        raise ValueError(f"TORCH_TPU_EXECUTOR={v!r}: expected one of {', '.join(EXECUTORS)}")
+    return v
+
+
+def auto_picks_xla(desc) -> bool:
+    """``auto``'s choice for a program (a pure function of its description)."""
+    biggest = 0
+    for t in list(desc["input_types"]) + list(desc.get("output_types", [])):
+        tt = parse_type(t)
+        if tt is not None:
+            biggest = max(biggest, _numel(tt.shape))
+    for st in desc["steps"]:
+        for item in [st.get("type")] + [None]:
+            tt = parse_type(item) if item else None
+            if tt is not None:
+                biggest = max(biggest, _numel(tt.shape))
+        for _dt, shape in st.get("types", []) if st["kind"] == "region" else []:
+            biggest = max(biggest, _numel(shape))
+    return biggest <= AUTO_MAX_ELEMENTS
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+class XlaProgram:
+    """A program run by XLA; `fallback` (our :class:`.program.Program`) runs it when XLA cannot.
+
+    Calling it (boxed: one list of inputs, which it empties) returns the outputs as a list.
+    """
+
+    _boxed_call = True
+
+    def __init__(self, desc, fallback, key: str | None, name: str):
+        self.desc = desc
+        self.fallback = fallback
+        self.key = key
+        self.name = name
+        self.reason: str | None = None
+        self._exe: dict[str, object] = {}
+        self._lock = threading.Lock()
+        self.regions = fallback.regions
+        self.num_kernels = fallback.num_kernels
+
+    def _fail(self, reason: str) -> None:
+        self.reason = reason
+        stats.append("xla_fallbacks", f"{self.name}: {reason}")
+        log.info("%s runs on the tile executor: %s", self.name, reason)
+
+    def _executable(self, precision: str):
+        """(Lowered, executable) for the current matmul precision; None when XLA cannot run it."""
+        with self._lock:
+            if precision in self._exe:
+                return self._exe[precision]
+            from . import xla
+
+            entry = None
+            try:
+                low = lower(self.desc, "main_module", precision)
+                if not low.complete:
+                    self._fail("; ".join(low.problems[:3]))
+                else:
+                    entry = (low, _load_or_compile(low.text, self.key, precision))
+            except Exception as e:  # noqa: BLE001 (XLA rejects the module, jaxlib absent...: ours runs it)
+                if isinstance(e, xla.XlaUnavailable) and os.environ.get("TORCH_TPU_PJRT_PLUGIN"):
+                    raise
+                self._fail(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            self._exe[precision] = entry
+            return entry
+
+    def __call__(self, args: list) -> list:
+        from .stablehlo import _precision
+
+        entry = None if self.reason else self._executable(_precision())
+        if entry is None:
+            return self.fallback(args)
+        low, exe = entry
+        from . import xla
+
+        inputs = list(args)
+        args.clear()
+        host = [_host_array(inputs[i]) for i in low.params]
+        outs = xla.run(exe, host)
+        device = _device_of(inputs)
+        res = [_to_torch(o, device) for o in outs]
+        for i, r in low.mutations:
+            inputs[i].copy_(res[r])
+        stats.add("xla_programs")
+        stats.add("programs_run")
+        out = _build(low.outputs, res)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _host_array(t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"XLA executor: input {type(t).__name__} is not a tensor")
+    h = t.detach()
+    if h.device.type != "cpu":
+        h = h.cpu()  # waits for the chip's stream: the work queued before this call has run
+    if h.dtype == torch.bfloat16:
+        import ml_dtypes
+        import numpy as np
+
+        return h.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16).astype(np.dtype(ml_dtypes.bfloat16))
+    return h.contiguous().numpy()
+
+
+def _device_of(inputs):
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+            return t.device
+    return torch.device("tpu")
+
+
+def _to_torch(arr, device):
+    try:
+        h = torch.from_dlpack(arr)  # XLA:CPU's buffer, no copy
+    except Exception:  # noqa: BLE001 (a dtype DLPack cannot carry)
+        import numpy as np
+
+        h = torch.from_numpy(np.asarray(arr).copy())
+    return h.to(device)
+
+
+def _build(enc, res):
+    if isinstance(enc, dict):
+        if "r" in enc:
+            return res[enc["r"]]
+        if "c" in enc:
+            return enc["c"]
+        if "l" in enc:
+            xs = [_build(x, res) for x in enc["l"]]
+            return tuple(xs) if enc.get("t") else xs
+        if "d" in enc:
+            return {k: _build(v, res) for k, v in enc["d"].items()}
+    return enc
+
+
+def _load_or_compile(text: str, key: str | None, precision: str):
+    """The executable of `text`: from ``$TORCH_TPU_CACHE_DIR/programs/xla`` when an entry of the
+    same program key, precision and XLA version exists, else compiled (and stored)."""
+    from . import xla
+
+    be = xla.backend()
+    path = None
+    if key is not None and os.environ.get("TORCH_TPU_CACHE_DIR", None) != "":
+        k = hashlib.sha256(f"{key}|{precision}|{xla.version()}|{be.platform}|{be.platform_version}|"
+                           f"{hashlib.sha256(text.encode()).hexdigest()}".encode()).hexdigest()[:32]
+        path = os.path.join(cache.cache_dir(), "xla", f"{k}.xla")
+        if os.path.exists(path):
+            try:
+                with open(path, "rb") as f:
+                    return be.deserialize_executable(f.read(), xla.device_list())
+            except Exception as e:  # noqa: BLE001 (stale or corrupt entry: recompile)
+                log.info("XLA cache entry %s unusable (%s): recompiling", path, e)
+    exe = xla.compile_module(text)
+    if path is not None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(exe.serialize())
+            os.replace(tmp, path)
+        except Exception as e:  # noqa: BLE001 (a cache write failure never fails the program)
+            log.info("XLA cache entry %s not written: %s", path, e)
+    return exe
+
+
+def wrap(prog, desc, key: str | None, name: str):
+    """`prog` as the current ``TORCH_TPU_EXECUTOR`` runs it: itself (``tile``), or an :class:`XlaProgram`."""
+    setting = executor_setting()
+    if setting == "tile" or (setting == "auto" and not auto_picks_xla(desc)):
+        return prog
+    return XlaProgram(desc, prog, key, name)
