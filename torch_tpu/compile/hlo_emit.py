@@ -870,3 +870,57 @@ def _avg_pool(em, out, x, kernel, stride=(), padding=(0, 0), ceil_mode=False, co
     init = em.const(0, x.et)
     r = em.region_op("reduce_window", [x, init], "add", x.et, attrs, out)
     return em.binary("divide", r, em.const(k[0] * k[1], x.et))
+
+
+@lowers("slice_scatter.default")
+def _slice_scatter(em, out, x, src, dim=0, start=None, end=None, step=1):
+    if step != 1:
+        raise Unlowerable("slice_scatter with step > 1")
+    dim %= x.rank
+    n = x.shape[dim]
+    s = 0 if start is None else (start + n if start < 0 else start)
+    s = min(max(s, 0), n)
+    idx = [em.const(s if d == dim else 0, "i64") for d in range(x.rank)]
+    src = em.convert(src, x.et)
+    return em.emit(f"stablehlo.dynamic_update_slice {x.name}, {src.name}, {', '.join(i.name for i in idx)} : "
+                   f"({x.ty}, {src.ty}, {', '.join(i.ty for i in idx)}) -> {x.ty}", x.et, x.shape)
+
+
+def _conv_text(em, lhs: V, rhs: V, dn: str, stride, pad, lhs_dil, rhs_dil, out: TType, groups=1) -> V:
+    p = em.precision if lhs.et == "f32" else "DEFAULT"
+    pads = ", ".join(f"[{int(a)}, {int(b)}]" for a, b in pad)
+    return em.emit(f"stablehlo.convolution({lhs.name}, {rhs.name}) dim_numbers = {dn}, window = {{stride = "
+                   f"{_dims(stride)}, pad = [{pads}], lhs_dilate = {_dims(lhs_dil)}, rhs_dilate = {_dims(rhs_dil)}}} "
+                   f"{{batch_group_count = 1 : i64, feature_group_count = {groups} : i64, precision_config = "
+                   f"[#stablehlo<precision {p}>, #stablehlo<precision {p}>]}} : ({lhs.ty}, {rhs.ty}) -> {out.ty}",
+                   out.et, out.shape)
+
+
+@lowers("convolution_backward.default")
+def _conv_bwd(em, out, g, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, mask):
+    if transposed or groups != 1:
+        raise Unlowerable("convolution_backward of a transposed or grouped convolution")
+    nd = x.rank - 2
+    sp = ", ".join(str(i) for i in range(nd))
+    k = w.shape[2:]
+    res = [None, None, None]
+    if mask[0]:
+        # grad_input: grad_out dilated by the stride, convolved with the flipped, transposed kernel
+        wf = em.emit(f"stablehlo.reverse {w.name}, dims = {_dims(range(2, 2 + nd))} : {w.ty}", w.et, w.shape)
+        pad = []
+        for i in range(nd):
+            lo = dilation[i] * (k[i] - 1) - padding[i]
+            # output size = dilated grad (s*(out-1)+1) + lo + hi - d*(k-1) must equal the input size
+            pad.append((lo, x.shape[2 + i] - 1 + dilation[i] * (k[i] - 1) - stride[i] * (g.shape[2 + i] - 1) - lo))
+        res[0] = _conv_text(em, g, wf, f"[b, f, {sp}]x[i, o, {sp}]->[b, f, {sp}]", [1] * nd, pad, stride, dilation,
+                            TType(x.et, x.shape))
+    if mask[1]:
+        pad = []
+        for i in range(nd):
+            hi = dilation[i] * (k[i] - 1) + stride[i] * (g.shape[2 + i] - 1) + 1 - x.shape[2 + i] - padding[i]
+            pad.append((padding[i], hi))
+        res[1] = _conv_text(em, x, g, f"[f, b, {sp}]x[i, o, {sp}]->[f, b, {sp}]", dilation, pad, [1] * nd, stride,
+                            TType(w.et, w.shape))
+    if mask[2] and bias_sizes is not None:
+        res[2] = em.reduce(em.convert(g, g.et), [0] + list(range(2, 2 + nd)), "add")
+    return tuple(res)

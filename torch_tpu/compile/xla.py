@@ -119,5 +119,6 @@ def run(exe, arrays: list) -> list[Any]:
     """Run a compiled executable on host arrays (numpy / DLPack-capable): XLA arrays out."""
     j = _jax()
     dev = exe.local_devices()[0]
-    bufs = [j["jax"].device_put(a, dev) for a in arrays]
-    return exe.execute(bufs)
+    with j["jax"].enable_x64(True):  # int64 / float64 inputs keep their width (the module's types)
+        bufs = [j["jax"].device_put(a, dev) for a in arrays]
+        return exe.execute(bufs)
