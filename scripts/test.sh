@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The optional extras that only tests use install here, not in the main job's set-up.
-TORCH_TPU_EXTRAS=${TORCH_TPU_EXTRAS:-test} ./scripts/setup.sh
+TORCH_TPU_EXTRAS=${TORCH_TPU_EXTRAS:-test,pallas} ./scripts/setup.sh
 ./scripts/lint.sh
 ctest --test-dir build/py --output-on-failure -j 2
 python3 -m pytest -q tests/python "$@"
