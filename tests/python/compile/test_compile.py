@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_tpu
+from helpers.compile_models import MLP
 from helpers.compile_state import fresh  # noqa: F401  (autouse fixture)
 from helpers.paths import EXAMPLES_DIR
 from torch_tpu.compile import cache as program_cache
@@ -37,19 +38,6 @@ def test_backend_and_device_interface_registered():
     from torch_tpu.compile import tpu_backend
 
     assert lookup_backend("tpu") is tpu_backend
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(32, 64)
-        self.norm = nn.LayerNorm(64)
-        self.fc2 = nn.Linear(64, 16)
-
-    def forward(self, x):
-        h = F.gelu(self.fc1(x), approximate="tanh")
-        h = self.norm(h) * torch.sigmoid(h)
-        return F.log_softmax(self.fc2(h), dim=-1)
 
 
 def test_mlp_forward_backward_matches_cpu(tmp_path, monkeypatch):

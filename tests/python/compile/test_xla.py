@@ -11,28 +11,15 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import torch_tpu
+from helpers.compile_models import MLP
 from helpers.compile_state import fresh  # noqa: F401  (autouse fixture)
 
 pytest.importorskip("jaxlib")
 
 from helpers.xla_check import compare, recording  # noqa: E402
 from torch_tpu.compile import xla  # noqa: E402
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(32, 64)
-        self.norm = nn.LayerNorm(64)
-        self.fc2 = nn.Linear(64, 16)
-
-    def forward(self, x):
-        h = F.gelu(self.fc1(x), approximate="tanh")
-        h = self.norm(h) * torch.sigmoid(h)
-        return F.log_softmax(self.fc2(h), dim=-1)
 
 
 class ConvNet(nn.Module):
