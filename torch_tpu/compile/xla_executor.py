@@ -11,9 +11,9 @@ non-tensor value, or that XLA rejects, runs on our executor; the reason is appen
 ``compile_stats()["xla_fallbacks"]``.
 
 ``auto`` picks per program, deterministically from the program alone (so the choice is the
-same whenever the program is built or loaded, never re-timed): XLA when the module is
-complete and every tensor of the program holds at most :data:`AUTO_MAX_ELEMENTS` elements
-(below it XLA:CPU measured faster on the elementwise chains, above it ours; bench/README.md).
+same whenever the program is built or loaded, never re-timed): see :func:`auto_picks_xla`
+(XLA:CPU measured faster on matmuls and on small elementwise chains, ours on reductions and
+large chains; bench/README.md).
 """
 
 import hashlib
@@ -46,17 +46,25 @@ def executor_setting() -> str:
 
 
 def auto_picks_xla(desc) -> bool:
-    """``auto``'s choice for a program (a pure function of its description)."""
+    """``auto``'s choice for a program (a pure function of its description): XLA when its module
+    is complete and it holds a matmul or convolution, or when it is reduction-free and no tensor
+    has more than :data:`AUTO_MAX_ELEMENTS` elements; ours otherwise (bench/README.md)."""
+    low = lower(desc, "auto")
+    if not low.complete:
+        return False
+    if "stablehlo.dot_general" in low.text or "stablehlo.convolution" in low.text:
+        return True
+    if "stablehlo.reduce" in low.text:
+        return False
     biggest = 0
     for t in list(desc["input_types"]) + list(desc.get("output_types", [])):
         tt = parse_type(t)
         if tt is not None:
             biggest = max(biggest, _numel(tt.shape))
     for st in desc["steps"]:
-        for item in [st.get("type")] + [None]:
-            tt = parse_type(item) if item else None
-            if tt is not None:
-                biggest = max(biggest, _numel(tt.shape))
+        tt = parse_type(st.get("type") or "")
+        if tt is not None:
+            biggest = max(biggest, _numel(tt.shape))
         for _dt, shape in st.get("types", []) if st["kind"] == "region" else []:
             biggest = max(biggest, _numel(shape))
     return biggest <= AUTO_MAX_ELEMENTS

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import torch_tpu
 from helpers.compile_models import MLP
@@ -188,11 +189,17 @@ def test_auto_executor_choice_is_per_program_and_deterministic(monkeypatch):
     small, big = torch.randn(64), torch.randn(1 << 22)
     f = torch.compile(lambda a: torch.tanh(a) * 2, backend="tpu", dynamic=False)
     _close(f(small.tpu()), torch.tanh(small) * 2, 1e-5, 1e-5)
-    _close(f(big.tpu()), torch.tanh(big) * 2, 1e-5, 1e-5)
-    assert torch_tpu.compile_stats()["xla_programs"] == 1  # the small program on XLA, the big one on ours
-    with recording() as seen:
-        f(small.tpu())
-    assert xla_executor.auto_picks_xla(seen[0][0].desc) if seen else True
+    with recording() as seen:  # records the programs our executor runs
+        _close(f(big.tpu()), torch.tanh(big) * 2, 1e-5, 1e-5)
+        y = F.layer_norm(small.tpu().reshape(8, 8), (8,))
+        _close(torch.compile(lambda a: F.layer_norm(a, (8,)), backend="tpu")(small.tpu().reshape(8, 8)), y)
+    s = torch_tpu.compile_stats()
+    assert s["xla_programs"] == 1  # the small chain on XLA; the big chain and the norm on ours
+    assert len(seen) == 2
+    assert [xla_executor.auto_picks_xla(p.desc) for p, _, _ in seen] == [False, False]  # the same decision again
+    a, b = torch.randn(4, 8), torch.randn(8, 2)
+    _close(torch.compile(lambda x, w: torch.relu(x @ w), backend="tpu")(a.tpu(), b.tpu()), torch.relu(a @ b))
+    assert torch_tpu.compile_stats()["xla_programs"] == 2  # a matmul program: XLA
 
 
 def test_export_fx_and_exported_program():
