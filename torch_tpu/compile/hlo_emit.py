@@ -18,7 +18,7 @@ import torch
 
 _ET = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64",
        torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "ui8",
-       torch.bool: "i1"}
+       torch.bool: "i1", torch.complex64: "complex<f32>", torch.complex128: "complex<f64>"}
 _DTYPE = {v: k for k, v in _ET.items()}
 FLOATS = ("f32", "bf16", "f16", "f64")
 
@@ -83,6 +83,9 @@ def literal(v, et: str) -> str:
     """A scalar as an MLIR dense literal of element type `et` (inf / NaN as bit patterns)."""
     if et == "i1":
         return "true" if v else "false"
+    if et.startswith("complex<"):
+        c, inner = complex(v), et[8:-1]
+        return f"({literal(c.real, inner)}, {literal(c.imag, inner)})"
     if et not in FLOATS:
         return str(int(v))
     v = float(v)

@@ -133,7 +133,7 @@ class XlaProgram:
 
         inputs = list(args)
         args.clear()
-        host = [_host_array(inputs[i]) for i in low.params]
+        host = [host_array(inputs[i]) for i in low.params]
         outs = xla.run(exe, host)
         device = _device_of(inputs)
         res = [_to_torch(o, device) for o in outs]
@@ -145,17 +145,18 @@ class XlaProgram:
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def _host_array(t):
+def host_array(t):
+    """A tensor's values as a host array XLA takes (bf16 as ml_dtypes.bfloat16); a chip tensor is
+    read after its stream has run the work queued before (one copy)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"XLA executor: input {type(t).__name__} is not a tensor")
     h = t.detach()
     if h.device.type != "cpu":
         h = h.cpu()  # waits for the chip's stream: the work queued before this call has run
     if h.dtype == torch.bfloat16:
-        import ml_dtypes
-        import numpy as np
+        import ml_dtypes  # jax's dependency
 
-        return h.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16).astype(np.dtype(ml_dtypes.bfloat16))
+        return h.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return h.contiguous().numpy()
 
 

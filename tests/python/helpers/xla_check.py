@@ -8,6 +8,7 @@ import torch
 
 from torch_tpu.compile import program as program_mod
 from torch_tpu.compile import stablehlo, xla
+from torch_tpu.compile.xla_executor import host_array
 
 
 def to_host(t):
@@ -18,10 +19,18 @@ def run_lowered(low, inputs: list) -> tuple[list, dict]:
     """Compile `low` (a :class:`stablehlo.Lowered`) with XLA and run it on `inputs` (the program's
     inputs): (results as CPU tensors, {input index: new value})."""
     exe = xla.compile_module(low.text)
-    args = [to_host(inputs[i]).contiguous().numpy() if to_host(inputs[i]).dtype != torch.bfloat16 else
-            to_host(inputs[i]).float().numpy() for i in low.params]
+    args = [host_array(inputs[i]) for i in low.params]
     outs = xla.run(exe, args)
-    return [torch.from_dlpack(o) if hasattr(o, "__dlpack__") else torch.tensor(o) for o in outs]
+    return [_to_torch(o) for o in outs]
+
+
+def _to_torch(o):
+    try:
+        return torch.from_dlpack(o)
+    except Exception:  # noqa: BLE001 (a dtype DLPack cannot carry)
+        import numpy as np
+
+        return torch.from_numpy(np.asarray(o).copy())
 
 
 @contextlib.contextmanager
