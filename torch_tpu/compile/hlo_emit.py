@@ -927,3 +927,40 @@ def _conv_bwd(em, out, g, x, w, bias_sizes, stride, padding, dilation, transpose
     if mask[2] and bias_sizes is not None:
         res[2] = em.reduce(em.convert(g, g.et), [0] + list(range(2, 2 + nd)), "add")
     return tuple(res)
+
+
+def _sort_pair(em, x: V, dim: int, descending: bool) -> tuple[V, V]:
+    """(values, int64 indices) of `x` sorted along `dim` (stable; NaN largest, as PyTorch)."""
+    dim %= max(x.rank, 1)
+    idx = em.iota("i64", x.shape, dim)
+    a, b, c, d = (em.fresh() for _ in range(4))
+    p = em.fresh()
+    st, it = f"tensor<{x.et}>", "tensor<i64>"
+    kind = "TOTALORDER" if x.et in FLOATS else "SIGNED" if x.et not in ("ui8", "i1") else "UNSIGNED"
+    r = em.fresh()
+    em.lines += [f"{r}:2 = \"stablehlo.sort\"({x.name}, {idx.name}) ({{",
+                 f"^bb0({a}: {st}, {b}: {st}, {c}: {it}, {d}: {it}):",
+                 f"  {p} = stablehlo.compare {'GT' if descending else 'LT'}, {a}, {b}, {kind} : ({st}, {st}) -> "
+                 "tensor<i1>",
+                 f"  stablehlo.return {p} : tensor<i1>",
+                 f"}}) {{dimension = {dim} : i64, is_stable = true}} : ({x.ty}, {idx.ty}) -> ({x.ty}, {idx.ty})"]
+    return V(f"{r}#0", x.et, x.shape), V(f"{r}#1", "i64", x.shape)
+
+
+@lowers("sort.default", "sort.stable")
+def _sort(em, out, x, *a, _op="", **k):
+    if _op == "aten::sort.stable":
+        dim, descending = k.get("dim", -1), k.get("descending", False)
+    else:
+        dim = a[0] if a else k.get("dim", -1)
+        descending = a[1] if len(a) > 1 else k.get("descending", False)
+    return _sort_pair(em, x, dim, descending)
+
+
+@lowers("topk.default")
+def _topk(em, out, x, k, dim=-1, largest=True, sorted=True):
+    dim %= max(x.rank, 1)
+    v, i = _sort_pair(em, x, dim, largest)
+    hi = list(x.shape)
+    hi[dim] = k
+    return em.slice(v, [0] * x.rank, hi, [1] * x.rank), em.slice(i, [0] * x.rank, hi, [1] * x.rank)
