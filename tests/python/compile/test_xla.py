@@ -196,7 +196,7 @@ def test_auto_executor_choice_is_per_program_and_deterministic(monkeypatch):
     s = torch_tpu.compile_stats()
     assert s["xla_programs"] == 1  # the small chain on XLA; the big chain and the norm on ours
     assert len(seen) == 2
-    assert [xla_executor.auto_picks_xla(p.desc) for p, _, _ in seen] == [False, False]  # the same decision again
+    assert [xla_executor.auto_picks_xla(p.desc) for p, *_ in seen] == [False, False]  # the same decision again
     a, b = torch.randn(4, 8), torch.randn(8, 2)
     _close(torch.compile(lambda x, w: torch.relu(x @ w), backend="tpu")(a.tpu(), b.tpu()), torch.relu(a @ b))
     assert torch_tpu.compile_stats()["xla_programs"] == 2  # a matmul program: XLA
