@@ -2,10 +2,12 @@
 compiled by XLA (XLA:CPU through jaxlib, or a PJRT plugin, see :mod:`.xla`) and run on the
 program's inputs in place of our tile executor.
 
-Stream order: the inputs are read after the chip's stream has run the work queued before the
-call (a host read of each input waits for it), the results are written back to the chip's
-memory before the call returns, so later work sees them. Host views of the results come from
-XLA's buffers through DLPack (no copy); inputs go to XLA as host arrays (one copy each).
+Stream order: the chip's stream is synchronized before the inputs are read (the work queued
+before the call has run), the results are written back to the chip's memory before the call
+returns, so later work sees them. Contiguous chip inputs go to XLA:CPU through DLPack without a
+copy (the vTPU's HBM is host memory; private ``jax._src.lib._jax.dlpack_managed_tensor_to_buffer``),
+others as host arrays (one copy); host views of the results come from XLA's buffers through
+DLPack (no copy) and are copied once onto the chip.
 A program whose module holds a custom call (an op with no StableHLO lowering), reads a
 non-tensor value, or that XLA rejects, runs on our executor; the reason is appended to
 ``compile_stats()["xla_fallbacks"]``.
@@ -133,9 +135,11 @@ class XlaProgram:
 
         inputs = list(args)
         args.clear()
-        host = [host_array(inputs[i]) for i in low.params]
-        outs = xla.run(exe, host)
         device = _device_of(inputs)
+        if device.type == "tpu":
+            torch.tpu.synchronize(device)  # stream order: the work queued before this call has run
+        host = [xla_input(inputs[i], exe) for i in low.params]
+        outs = xla.run(exe, host)
         res = [_to_torch(o, device) for o in outs]
         for i, r in low.mutations:
             inputs[i].copy_(res[r])
@@ -143,6 +147,21 @@ class XlaProgram:
         stats.add("programs_run")
         out = _build(low.outputs, res)
         return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def xla_input(t, exe):
+    """`t` as an XLA:CPU buffer: the chip tensor's own memory through DLPack when it is
+    contiguous (no copy; the caller has synchronized the stream), else :func:`host_array`."""
+    if isinstance(t, torch.Tensor) and t.device.type == "tpu" and t.is_contiguous() and t.numel() > 0:
+        try:
+            from jax._src.lib import _jax
+
+            if exe.local_devices()[0].platform == "cpu":
+                return _jax.dlpack_managed_tensor_to_buffer(torch.utils.dlpack.to_dlpack(t.detach()),
+                                                            exe.local_devices()[0], None)
+        except Exception as e:  # noqa: BLE001 (a layout or dtype DLPack cannot carry: one copy)
+            log.debug("XLA input by copy: %s", e)
+    return host_array(t)
 
 
 def host_array(t):
