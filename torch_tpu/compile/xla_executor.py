@@ -136,8 +136,8 @@ class XlaProgram:
         inputs = list(args)
         args.clear()
         device = _device_of(inputs)
-        if device.type == "tpu":
-            torch.tpu.synchronize(device)  # stream order: the work queued before this call has run
+        for d in {t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "tpu"}:
+            torch.tpu.synchronize(d)  # stream order: the work queued before this call has run
         host = [xla_input(inputs[i], exe) for i in low.params]
         outs = xla.run(exe, host)
         res = [_to_torch(o, device) for o in outs]
