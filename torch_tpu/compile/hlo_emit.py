@@ -597,6 +597,8 @@ def _pad(em, out, x, pad, value=0):
 def _full(em, out, *a, _op="", **k):
     value = {"zeros": 0, "ones": 1, "empty": 0}
     base = _op.split("::")[1].split(".")[0].replace("new_", "").replace("_like", "")
+    if base.startswith("empty"):
+        base = "empty"
     if base in value:
         v = value[base]
     elif base == "full":
@@ -964,3 +966,69 @@ def _topk(em, out, x, k, dim=-1, largest=True, sorted=True):
     hi = list(x.shape)
     hi[dim] = k
     return em.slice(v, [0] * x.rank, hi, [1] * x.rank), em.slice(i, [0] * x.rank, hi, [1] * x.rank)
+
+
+@lowers("linalg_vector_norm.default")
+def _vector_norm(em, out, x, ord=2, dim=None, keepdim=False, dtype=None):
+    acc = "f32" if out.et in ("bf16", "f16") else out.et
+    a = em.unary("abs", em.convert(x, acc))
+    dims = _red_dims(x, dim)
+    if ord == math.inf:
+        r = em.reduce(a, dims, "maximum", keepdim)
+    elif ord == -math.inf:
+        r = em.reduce(a, dims, "minimum", keepdim)
+    elif ord == 2:
+        r = em.unary("sqrt", em.reduce(em.binary("multiply", a, a), dims, "add", keepdim))
+    elif ord == 1:
+        r = em.reduce(a, dims, "add", keepdim)
+    elif ord == 0:
+        r = em.reduce(em.convert(em.compare("NE", a, em.const(0, acc)), acc), dims, "add", keepdim)
+    else:
+        p = em.const(float(ord), acc)
+        r = em.binary("power", em.reduce(em.binary("power", a, p), dims, "add", keepdim), em.const(1.0 / ord, acc))
+    return em.convert(r, out.et)
+
+
+@lowers("argmax.default", "argmin.default")
+def _argmax(em, out, x, dim=None, keepdim=False, _op=""):
+    if dim is None:
+        x = em.reshape(x, (math.prod(x.shape),))
+        dim, keep = 0, False
+    else:
+        dim, keep = dim % max(x.rank, 1), keepdim
+    m = em.reduce(x, [dim], "maximum" if "argmax" in _op else "minimum", keepdim=True)
+    hit = em.compare("EQ", x, m)
+    if x.et in FLOATS:  # NaN wins, as in PyTorch
+        hit = em.binary("or", hit, em.compare("NE", x, x))
+    idx = em.iota("i64", x.shape, dim)
+    big = em.const(x.shape[dim], "i64", x.shape)
+    r = em.reduce(em.select(hit, idx, big), [dim], "minimum", keep)
+    return em.reshape(r, out.shape)
+
+
+@lowers("repeat.default")
+def _repeat(em, out, x, repeats):
+    n = len(repeats)
+    xs = (1,) * (n - x.rank) + x.shape
+    x = em.reshape(x, xs)
+    inter = [d for r, s in zip(repeats, xs) for d in (r, s)]
+    b = em.broadcast(x, inter, [2 * i + 1 for i in range(n)])
+    return em.reshape(b, out.shape)
+
+
+@lowers("native_group_norm.default")
+def _group_norm(em, out, x, weight, bias, n, c, hw, group, eps):
+    xv = _f32(em, x)
+    g = em.reshape(xv, (n, group, (c // group) * hw))
+    cnt = em.const((c // group) * hw, "f32")
+    mean = em.binary("divide", em.reduce(g, [2], "add", True), cnt)
+    xc = em.binary("subtract", g, mean)
+    var = em.binary("divide", em.reduce(em.binary("multiply", xc, xc), [2], "add", True), cnt)
+    rstd = em.unary("rsqrt", em.binary("add", var, em.const(eps, "f32")))
+    y = em.reshape(em.binary("multiply", xc, rstd), x.shape)
+    if weight is not None:
+        y = em.binary("multiply", y, em.broadcast(_f32(em, weight), x.shape, [1]))
+    if bias is not None:
+        y = em.binary("add", y, em.broadcast(_f32(em, bias), x.shape, [1]))
+    return (em.convert(y, x.et), em.convert(em.reshape(mean, (n, group)), x.et),
+            em.convert(em.reshape(rstd, (n, group)), x.et))

@@ -121,6 +121,8 @@ def lower(desc: dict[str, Any], name: str = "program", precision: str | None = N
             args = _decode(st["args"], env)
             seq, i = args[0], args[1]
             env[st["outputs"][0]] = seq[i] if isinstance(seq, (list, tuple)) else _NonTensor("getitem")
+        elif st["op"] == "aten::copy_.default" and _copy_call(em, st, env, n_in, mutated):
+            pass
         else:
             _lower_call(em, st, env, tuple_types.get(st["outputs"][0], {}), low)
     results: list = []
@@ -172,6 +174,27 @@ def lower(desc: dict[str, Any], name: str = "program", precision: str | None = N
 def to_stablehlo(desc: dict[str, Any], name: str = "program") -> str:
     """The program as StableHLO text (:func:`lower`'s module)."""
     return lower(desc, name).text
+
+
+def _copy_call(em, st, env, n_in: int, mutated: dict) -> bool:
+    """``copy_(dst, src)`` as a library call (dtypes or shapes differ): dst's new value; False
+    when it reads a non-tensor."""
+    try:
+        args = _decode(st["args"], env)
+    except Exception:  # noqa: BLE001
+        return False
+    if len(args) < 2 or not (isinstance(args[0], hlo.V) and isinstance(args[1], hlo.V)):
+        return False
+    d, src = args[0], args[1]
+    try:
+        nv = em.broadcast(em.convert(src, d.et), d.shape)
+    except hlo.Unlowerable:
+        return False
+    env[st["outputs"][0]] = nv
+    slot = st["args"]["l"][0]["$"] if isinstance(st["args"], dict) else st["args"][0]["$"]
+    if slot < n_in:
+        mutated[slot] = nv
+    return True
 
 
 def _tuple_types(desc) -> dict[int, dict[int, str]]:
