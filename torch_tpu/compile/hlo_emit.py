@@ -347,14 +347,22 @@ _BINARY = {"add": "add", "sub": "subtract", "mul": "multiply", "maximum": "maxim
            "bitwise_xor": "xor", "logical_xor": "xor", "fmod": "remainder", "remainder": "remainder"}
 
 
-def _binop(op):
+def _binop(op, floor_sign=False):
     def f(em, out, a, b, alpha=1):
         if op in ("add", "subtract") and alpha != 1:
             b = _ew(em, "multiply", None, b, alpha, compute=_common_et([a, b]))
         if op in ("and", "or", "xor") and out.et == "i1":
             return em.binary(op, _as(em, a, "i1"), _as(em, b, "i1"))
-        if op == "remainder":
-            raise Unlowerable("remainder (PyTorch's sign convention)")
+        if op == "remainder" and floor_sign:  # PyTorch's remainder: the sign of the divisor
+            et = out.et
+            av, bv = _as(em, a, et), _as(em, b, et)
+            shape = torch.broadcast_shapes(av.shape, bv.shape)
+            av, bv = em.broadcast(av, shape), em.broadcast(bv, shape)
+            r = em.binary("remainder", av, bv)
+            zero = em.const(0, et, shape)
+            fix = em.binary("and", em.compare("NE", r, zero),
+                            em.compare("NE", em.compare("LT", r, zero), em.compare("LT", bv, zero)))
+            return em.select(fix, em.binary("add", r, bv), r)
         return _ew(em, op, out, a, b)
 
     return f
@@ -362,7 +370,7 @@ def _binop(op):
 
 for _name, _op in _BINARY.items():
     for _ov in ("Tensor", "Scalar", "default", "Tensor_Scalar", "Tensor_Tensor"):
-        LOWERINGS[f"aten::{_name}.{_ov}"] = _binop(_op)
+        LOWERINGS[f"aten::{_name}.{_ov}"] = _binop(_op, _name == "remainder")
 
 
 @lowers("pow.Scalar")
@@ -820,10 +828,17 @@ def _index_select(em, out, x, dim, index):
 
 @lowers("index.Tensor")
 def _index(em, out, x, indices):
-    if len(indices) != 1 or not _is_v(indices[0]) or indices[0].et == "i1":
-        raise Unlowerable("advanced indexing beyond one integer index tensor on dim 0")
-    i = indices[0]
-    return em.gather_points(x, em.reshape(em.convert(i, "i64"), i.shape + (1,)))
+    """``x[:, ..., idx]``: one integer index tensor, at any dim (None before it)."""
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) != 1 or not _is_v(given[0][1]) or given[0][1].et == "i1":
+        raise Unlowerable("advanced indexing beyond one integer index tensor")
+    k, i = given[0]
+    perm = [k] + [d for d in range(x.rank) if d != k]
+    g = em.gather_points(em.transpose(x, perm), em.reshape(em.convert(i, "i64"), i.shape + (1,)))
+    # g: idx dims, then x's other dims in order; move the idx dims to position k
+    ni = i.rank
+    order = list(range(ni, ni + k)) + list(range(ni)) + list(range(ni + k, g.rank))
+    return em.transpose(g, order)
 
 
 @lowers("gather.default")
