@@ -239,7 +239,8 @@ def test_lowered_library_ops_match_ours_on_xla():
                                                             torch.ones(2, 4, device=x.device))
         y = x.clone()
         y[i % 2] = 1.0
-        return (x[:, i % 5], x[:, :, j], torch.remainder(x, -1.5), torch.arange(7, device=x.device) % -3, torch.argmax(x, 1),
+        return (x[:, i % 5], x[:, :, j], torch.remainder(x, -1.5), torch.arange(7, device=x.device) % -3,
+                torch.argmax(x, 1),
                 x.repeat(2, 1, 1), torch.linalg.vector_norm(x, dim=-1), torch.topk(x, 2, dim=1).values,
                 torch.sort(x, dim=-1, descending=True), F.group_norm(x.reshape(2, 3, 5), 3, w, b),
                 s, y, torch.gather(x, 2, j.reshape(1, 2, 2).expand(2, 2, 2)), x.cumsum(1),
