@@ -113,8 +113,16 @@ class XlaProgram:
             entry = None
             try:
                 low = lower(self.desc, "main_module", precision)
+                cpu = _cpu_tensors(self.desc)
                 if not low.complete:
                     self._fail("; ".join(low.problems[:3]))
+                elif cpu:
+                    self._fail(cpu)
+                elif (precision != "HIGHEST" and xla.backend().platform == "cpu"
+                      and ("dot_general" in low.text or "convolution" in low.text)):
+                    # XLA:CPU computes float32 dots in full precision whatever precision_config says
+                    self._fail(f"matmul precision {precision}: XLA:CPU ignores precision_config")
+                    self.reason = None  # another precision level may still run on XLA
                 else:
                     entry = (low, _load_or_compile(low.text, self.key, precision))
             except Exception as e:  # noqa: BLE001 (XLA rejects the module, jaxlib absent...: ours runs it)
@@ -128,7 +136,7 @@ class XlaProgram:
         from .stablehlo import _precision
 
         entry = None if self.reason else self._executable(_precision())
-        if entry is None:
+        if entry is None or any(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in args):
             return self.fallback(args)
         low, exe = entry
         from . import xla
@@ -162,6 +170,22 @@ def xla_input(t, exe):
         except Exception as e:  # noqa: BLE001 (a layout or dtype DLPack cannot carry: one copy)
             log.debug("XLA input by copy: %s", e)
     return host_array(t)
+
+
+def _cpu_tensors(desc) -> str | None:
+    """Why a program makes CPU tensors (a factory with ``device="cpu"``), else None: XLA's
+    results all go to the chip."""
+    def walk(a):
+        if isinstance(a, dict):
+            if a.get("device", "").startswith("cpu"):
+                return True
+            return any(walk(v) for v in (a.get("l") or (a.get("d") or {}).values()))
+        return False
+
+    for st in desc["steps"]:
+        if st["kind"] in ("call", "getitem") and (walk(st["args"]) or walk(st["kwargs"])):
+            return f"{st.get('op')} makes a CPU tensor (XLA's results all go to the chip)"
+    return None
 
 
 def host_array(t):

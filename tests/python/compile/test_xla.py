@@ -35,6 +35,12 @@ class ConvNet(nn.Module):
         return torch.softmax(h[:, :16] + e, dim=-1).cumsum(1)
 
 
+@pytest.fixture(autouse=True)
+def _tile_executor(monkeypatch):
+    """Our executor unless a test picks another (these tests record what ours runs)."""
+    monkeypatch.setenv("TORCH_TPU_EXECUTOR", "tile")
+
+
 def _close(a, b, atol=1e-4, rtol=1e-4):
     torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), atol=atol, rtol=rtol)
 
@@ -158,6 +164,23 @@ def test_xla_executor_falls_back_with_a_reason_for_an_unlowerable_op(monkeypatch
     # the process keeps working: the next program runs on XLA
     _close(torch.compile(lambda a: a.tanh() + 1, backend="tpu")(x.tpu()), x.tanh() + 1, 1e-5, 1e-5)
     assert torch_tpu.compile_stats()["xla_programs"] == 1
+
+
+def test_xla_executor_leaves_reduced_precision_matmuls_and_cpu_tensors_to_ours(monkeypatch):
+    monkeypatch.setenv("TORCH_TPU_EXECUTOR", "xla")
+    a, b = torch.randn(48, 128), torch.randn(128, 24)
+    f = torch.compile(lambda x, y: torch.relu(x @ y), backend="tpu")
+    _close(f(a.tpu(), b.tpu()), torch.relu(a @ b), 1e-4, 1e-5)
+    with torch.tpu.precision(torch.tpu.Precision.DEFAULT):  # XLA:CPU would run it in float32
+        one_pass = f(a.tpu(), b.tpu())
+    assert (one_pass.cpu() - torch.relu(a @ b)).abs().max() > 1e-3
+    s = torch_tpu.compile_stats()
+    assert s["xla_programs"] == 1 and "matmul precision DEFAULT: XLA:CPU ignores precision_config" in s[
+        "xla_fallbacks"][0]
+    g = torch.compile(lambda x: (x.tpu() * 2, torch.zeros(3, device="cpu") + 1), backend="tpu")
+    y, z = g(a)
+    assert y.device.type == "tpu" and z.device.type == "cpu"
+    _close(y, a * 2)
 
 
 def test_bad_executor_setting_is_a_clear_error(monkeypatch):
