@@ -22,6 +22,10 @@ _ET = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch
 _DTYPE = {v: k for k, v in _ET.items()}
 FLOATS = ("f32", "bf16", "f16", "f64")
 
+# unary ops StableHLO has only in CHLO (XLA and JAX read them)
+CHLO_UNARY = frozenset({"erf", "erf_inv", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cosh", "sinh",
+                        "digamma", "lgamma"})
+
 # matmul precision level (torch / torch.tpu names) -> StableHLO precision
 PRECISION = {"highest": "HIGHEST", "high": "HIGH", "medium": "DEFAULT"}
 
@@ -168,8 +172,8 @@ class Emitter:
                          f"{TType(x.et, shape).ty}", x.et, shape)
 
     def unary(self, op: str, x: V) -> V:
-        if op == "erf":
-            return self.emit(f"chlo.erf {x.name} : {x.ty} -> {x.ty}", x.et, x.shape)
+        if op in CHLO_UNARY:
+            return self.emit(f"chlo.{op} {x.name} : {x.ty} -> {x.ty}", x.et, x.shape)
         return self.emit(f"stablehlo.{op} {x.name} : {x.ty}", x.et, x.shape)
 
     def binary(self, op: str, a: V, b: V) -> V:
@@ -402,7 +406,9 @@ def _div(em, out, a, b, rounding_mode=None):
 _UNARY = {"neg": "negate", "exp": "exponential", "log": "log", "log1p": "log_plus_one", "expm1":
           "exponential_minus_one", "tanh": "tanh", "sigmoid": "logistic", "sqrt": "sqrt", "rsqrt": "rsqrt",
           "sin": "sine", "cos": "cosine", "erf": "erf", "floor": "floor", "ceil": "ceil", "sign": "sign",
-          "abs": "abs", "tan": "tan", "round": "round_nearest_even", "trunc": None}
+          "abs": "abs", "tan": "tan", "round": "round_nearest_even", "trunc": None, "acos": "acos",
+          "acosh": "acosh", "asin": "asin", "asinh": "asinh", "atan": "atan", "atanh": "atanh", "cosh": "cosh",
+          "sinh": "sinh", "digamma": "digamma", "lgamma": "lgamma", "erfinv": "erf_inv"}
 
 for _name, _op in _UNARY.items():
     if _op is None:
@@ -413,6 +419,16 @@ for _name, _op in _UNARY.items():
         return em.convert(em.unary(_hlo, _as(em, x, et)), out.et)
 
     LOWERINGS[f"aten::{_name}.default"] = _un
+
+
+@lowers("erfc.default")
+def _erfc(em, out, x):
+    return _ew(em, "subtract", out, 1.0, em.unary("erf", _as(em, x, out.et)))
+
+
+@lowers("atan2.default")
+def _atan2(em, out, a, b):
+    return _ew(em, "atan2", out, a, b)
 
 
 @lowers("reciprocal.default")
@@ -630,7 +646,7 @@ def _arange(em, out, *a, _op="", **k):
 
 # ---- reductions -----------------------------------------------------------------------
 def _red_dims(x: V, dims):
-    if dims is None or dims == []:
+    if dims is None or (not isinstance(dims, int) and len(dims) == 0):
         return list(range(x.rank))
     return [dims] if isinstance(dims, int) else list(dims)
 
