@@ -1063,3 +1063,53 @@ def _group_norm(em, out, x, weight, bias, n, c, hw, group, eps):
         y = em.binary("add", y, em.broadcast(_f32(em, bias), x.shape, [1]))
     return (em.convert(y, x.et), em.convert(em.reshape(mean, (n, group)), x.et),
             em.convert(em.reshape(rstd, (n, group)), x.et))
+
+
+@lowers("max_pool2d_with_indices.default")
+def _max_pool(em, out, x, kernel, stride=(), padding=(0, 0), dilation=(1, 1), ceil_mode=False):
+    """(values, int64 flat indices into each input plane), as PyTorch: the first maximum wins."""
+    two = lambda v, dflt: list(v) * (2 // len(v)) if v else list(dflt)  # noqa: E731
+    k, s, p, d = two(kernel, ()), two(stride, kernel), two(padding, (0, 0)), two(dilation, (1, 1))
+    if ceil_mode or d != [1, 1]:
+        raise Unlowerable("max_pool2d with ceil_mode or dilation")
+    lead = x.rank - 2
+    h, w = x.shape[-2:]
+    idx = em.binary("add", em.binary("multiply", em.iota("i64", x.shape, lead), em.const(w, "i64")),
+                    em.iota("i64", x.shape, lead + 1))
+    ho, wo = (h + 2 * p[0] - k[0]) // s[0] + 1, (w + 2 * p[1] - k[1]) // s[1] + 1
+    oshape = x.shape[:lead] + (ho, wo)
+    init_v, init_i = em.const(-math.inf if x.et in FLOATS else _int_min(x.et), x.et), em.const(h * w, "i64")
+    av, ai, bv, bi, r = (em.fresh() for _ in range(5))
+    st, it = f"tensor<{x.et}>", "tensor<i64>"
+    gt, eq, lt, tie, take, nv, ni = (em.fresh() for _ in range(7))
+    kind = "FLOAT" if x.et in FLOATS else "SIGNED"
+    pad = [[0, 0]] * lead + [[p[0], p[0]], [p[1], p[1]]]
+    vty, ity = TType(x.et, oshape).ty, TType("i64", oshape).ty
+    em.lines += [
+        f"{r}:2 = \"stablehlo.reduce_window\"({x.name}, {idx.name}, {init_v.name}, {init_i.name}) ({{",
+        f"^bb0({av}: {st}, {ai}: {it}, {bv}: {st}, {bi}: {it}):",
+        f"  {gt} = stablehlo.compare GT, {bv}, {av}, {kind} : ({st}, {st}) -> tensor<i1>",
+        f"  {eq} = stablehlo.compare EQ, {bv}, {av}, {kind} : ({st}, {st}) -> tensor<i1>",
+        f"  {lt} = stablehlo.compare LT, {bi}, {ai}, SIGNED : ({it}, {it}) -> tensor<i1>",
+        f"  {tie} = stablehlo.and {eq}, {lt} : tensor<i1>",
+        f"  {take} = stablehlo.or {gt}, {tie} : tensor<i1>",
+        f"  {nv} = stablehlo.select {take}, {bv}, {av} : tensor<i1>, {st}",
+        f"  {ni} = stablehlo.select {take}, {bi}, {ai} : tensor<i1>, {it}",
+        f"  stablehlo.return {nv}, {ni} : {st}, {it}",
+        f"}}) {{window_dimensions = {_arr([1] * lead + k)}, window_strides = {_arr([1] * lead + s)}, "
+        f"padding = dense<{pad}> : tensor<{x.rank}x2xi64>}} : ({x.ty}, {idx.ty}, {st}, {it}) -> ({vty}, {ity})"]
+    return V(f"{r}#0", x.et, oshape), V(f"{r}#1", "i64", oshape)
+
+
+@lowers("max_pool2d_with_indices_backward.default")
+def _max_pool_bwd(em, out, g, x, kernel, stride, padding, dilation, ceil_mode, indices):
+    lead = x.shape[:-2]
+    rows = math.prod(lead)
+    plane = x.shape[-2] * x.shape[-1]
+    n = g.shape[-2] * g.shape[-1]
+    gv = em.reshape(em.convert(g, x.et), (rows, n))
+    iv = em.reshape(em.convert(indices, "i64"), (rows, n, 1))
+    row = em.reshape(em.iota("i64", (rows, n), 0), (rows, n, 1))
+    pts = em.concat([row, iv], 2)
+    r = em.scatter_points(em.const(0, x.et, (rows, plane)), pts, gv, "add")
+    return em.reshape(r, x.shape)

@@ -30,7 +30,7 @@ class ConvNet(nn.Module):
         self.emb = nn.Embedding(10, 16)
 
     def forward(self, x, ids):
-        h = torch.relu(self.conv(x)).flatten(1)
+        h = F.max_pool2d(torch.relu(self.conv(x)), 2, padding=1).flatten(1)
         e = self.emb(ids).sum(1)
         return torch.softmax(h[:, :16] + e, dim=-1).cumsum(1)
 
