@@ -25,13 +25,13 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from . import background, cache, stats
+from . import background, cache, stats, xla_executor
 from .builder import build_description
 from .description import library_ops, op_name
 from .errors import passthrough
 from .options import CompileOptions
 from .program import Program, check_memory
-from .stablehlo import dump_path, dump_program, module_name, to_stablehlo
+from .stablehlo import dump_path, dump_program, lower, module_name, to_stablehlo
 
 log = logging.getLogger("torch_tpu.compile")
 
@@ -134,7 +134,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: list, kind: str,
         if prog is None:
             prog = Program(desc, gm, name)
     _report(prog, desc, gm, kind, key, opts, name, source, source_graph, t0)
-    return _runner(prog)
+    return _runner(xla_executor.wrap(prog, desc, key, name))
 
 
 def _op_by_op(gm: torch.fx.GraphModule):
@@ -195,7 +195,7 @@ def _build_in_background(gm, example_inputs, kind, key, opts: CompileOptions, na
         desc, prog = _build(gm, example_inputs, kind, key, opts, name)
         stats.add("async_builds")
         _report(prog, desc, gm, kind, key, opts, name, "built", source_graph, t0)
-        ready.append(prog)
+        ready.append(xla_executor.wrap(prog, desc, key, name))
 
     handle = background.submit(build, name)
 
@@ -220,9 +220,16 @@ def _report(prog: Program, desc, gm, kind: str, key: str | None, opts: CompileOp
     stats.add("compile_seconds", time.perf_counter() - t0)
     k = key or "uncached"
     text = None
+    if source != "memory":  # the ops that stay custom calls in the program's StableHLO
+        try:
+            low = lower(desc, module_name(k, kind, opts.name))
+            text = low.text
+            stats.count("custom_calls", [c for c, _ in low.custom_calls])
+        except Exception as e:  # noqa: BLE001 (a printer bug never fails the compile)
+            log.warning("%s: StableHLO lowering failed: %s", name, e)
     folder = opts.dump_folder()
     if folder and (source != "memory" or not os.path.exists(dump_path(folder, k, kind, opts.name))):
-        text = to_stablehlo(desc, module_name(k, kind, opts.name))
+        text = text or to_stablehlo(desc, module_name(k, kind, opts.name))
         dump_program(folder, desc, k, kind, opts.name, text)
     if opts.debug_callback is not None:
         if text is None:

@@ -38,6 +38,9 @@ def _fresh_compile() -> dict[str, Any]:
         "routed_from_inductor": 0,
         "left_to_inductor": 0,
         "async_builds": 0,
+        "custom_calls": collections.Counter(),
+        "xla_programs": 0,
+        "xla_fallbacks": [],
     }
 
 
@@ -61,6 +64,12 @@ def append(key: str, value) -> None:
 def count_library_ops(names) -> None:
     with _lock:
         _stats["library_calls"].update(names)
+
+
+def count(key: str, names) -> None:
+    """Add `names` to the Counter ``key``."""
+    with _lock:
+        _stats[key].update(names)
 
 
 _warned_options: set[str] = set()
@@ -129,6 +138,11 @@ def compile_stats() -> dict[str, Any]:
       ``backend="inductor"``) handed to the tpu backend because they hold tpu tensors;
       ``left_to_inductor``: graphs it left to Inductor (no tpu tensor).
     * ``async_builds``: programs built on the background thread (``options={"async_compile": True}``).
+    * ``custom_calls``: ``{"aten::flip.default": n, ...}``, the ops that stayed a
+      ``stablehlo.custom_call`` when the programs built or loaded were lowered to StableHLO
+      (every other library call is lowered to StableHLO ops), once per op in each program.
+    * ``xla_programs``: programs run by XLA (``TORCH_TPU_EXECUTOR=xla`` / ``auto``);
+      ``xla_fallbacks``: one string per program the XLA executor left to ours, with the reason.
     """
     if "torch._dynamo" in sys.modules:
         note_dynamo_events()

@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_tpu
+from helpers.compile_models import MLP
 from helpers.compile_state import fresh  # noqa: F401  (autouse fixture)
 from helpers.paths import EXAMPLES_DIR
 from torch_tpu.compile import cache as program_cache
@@ -39,19 +40,6 @@ def test_backend_and_device_interface_registered():
     assert lookup_backend("tpu") is tpu_backend
 
 
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(32, 64)
-        self.norm = nn.LayerNorm(64)
-        self.fc2 = nn.Linear(64, 16)
-
-    def forward(self, x):
-        h = F.gelu(self.fc1(x), approximate="tanh")
-        h = self.norm(h) * torch.sigmoid(h)
-        return F.log_softmax(self.fc2(h), dim=-1)
-
-
 def test_mlp_forward_backward_matches_cpu(tmp_path, monkeypatch):
     dump = tmp_path / "dump"
     monkeypatch.setenv("TORCH_TPU_DUMP_IR", str(dump))
@@ -74,12 +62,12 @@ def test_mlp_forward_backward_matches_cpu(tmp_path, monkeypatch):
     assert s["library_calls"].get("aten::addmm.default", 0) == 2  # matmuls are library calls
     assert "aten::gelu.default" not in s["library_calls"] and "aten::sigmoid.default" not in s["library_calls"]
     assert s["compile_seconds"] > 0 and s["programs_run"] == 2
-    # the dump: each program as StableHLO, fused regions as functions, library calls as custom_call
+    # the dump: each program as StableHLO, fused regions as functions, library calls lowered (matmuls: dot_general)
     files = sorted(glob.glob(str(dump / "program_*.mlir")))
     assert len(files) == 2
     text = open([f for f in files if "program_forward_" in f][0]).read()
     assert "func.func @region_0" in text and "stablehlo.tanh" in text
-    assert 'stablehlo.custom_call @"aten::addmm.default"' in text
+    assert "stablehlo.dot_general" in text and "stablehlo.custom_call" not in text
     assert "func.call @region_" in text
 
     # the same graph again (e.g. after torch._dynamo.reset()): taken from memory
