@@ -49,7 +49,7 @@ def _last_logits(model: torch.nn.Module, spec: ModelSpec, idx: torch.Tensor) -> 
         cos, sin = emb.cos(), emb.sin()
         for layer in model.layers:
             x = layer(x, cos, sin)
-        return model.output(model.norm(x[:, -1]))
+        return model.head.output(model.head.norm(x[:, -1]))
     x = model.tok_emb(idx) + model.pos_emb(torch.arange(T, device=idx.device))
     for block in model.blocks:
         x = block(x)
