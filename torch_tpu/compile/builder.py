@@ -148,6 +148,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
 
     steps: list[dict[str, Any]] = []
     step_nodes: list[list[torch.fx.Node]] = []
+    region_members: dict[int, list[torch.fx.Node]] = {}
     device_index = 0
     for p in placeholders:
         v = node_value(p)
@@ -189,6 +190,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
                 "strides": [dense_strides(node_value(n)) for n in outs],
             })
             step_nodes.append(outs)
+            region_members[len(steps) - 1] = members
         else:
             n = members[0]
             if n.op == "get_attr":
@@ -207,6 +209,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
                 raise Uncacheable(f"FX node {n.op} {n.target}")
             step_nodes.append([n])
 
+    steps, step_nodes = _write_in_place(steps, step_nodes, region_members, slot_of, graph_outputs)
     steps, step_nodes = _batch_copies(steps, step_nodes, slot_of)
 
     # ---- liveness: a slot is dropped after its last use; a view keeps its base alive
@@ -286,6 +289,88 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
         "input_types": [type_str(node_value(p)) for p in placeholders],
         "output_types": _output_types(out_args),
     }
+
+
+def _reads_only_elementwise(members: list[torch.fx.Node], dst: torch.fx.Node, out: torch.fx.Node) -> bool:
+    """Whether a region may write `out` into `dst`'s memory while it reads `dst`: every member
+    that reads the old value of `dst` (directly, or through members other than `out`) is a
+    pointwise op of `dst`'s shape whose value flows only into `out` (so element i of `out` is
+    computed from element i of `dst` alone, after it was read, in any kernel split or tile order
+    the executor picks; members reading `out` read what `dst` then holds)."""
+    member_set = set(members)
+    shape = node_value(dst).shape
+    depends = set()  # members reading the old value of dst (not through out, which dst then holds)
+    for m in members:
+        if dst in m.all_input_nodes or any(a in depends and a is not out for a in m.all_input_nodes):
+            depends.add(m)
+    if not depends:
+        return True
+    if out not in depends:
+        return False
+    for m in depends:
+        if not isinstance(m.target, torch._ops.OpOverload) or torch.Tag.pointwise not in m.target.tags:
+            return False
+        if node_value(m).shape != shape:
+            return False
+        if m is not out and any(u not in member_set or u not in depends for u in m.users):
+            return False
+    return True
+
+
+def _write_in_place(steps, step_nodes, region_members, slot_of, graph_outputs):
+    """A region's output ``out`` copied into a graph input by ``copy_(dst, out)`` (an optimizer's
+    parameter and state updates, input mutations) is written into ``dst`` by the region itself,
+    and the copy goes: one pass over the memory fewer, and no new tensor. Only when ``out`` is
+    read by nothing else outside its region, is not a graph output, nothing between the region
+    and the copy reads ``dst`` (or a view of it), and the region reads ``dst`` element by element
+    (:func:`_reads_only_elementwise`)."""
+    produced_by = {}
+    for i, st in enumerate(steps):
+        if st["kind"] == "region":
+            for j, n in enumerate(step_nodes[i]):
+                produced_by[n] = (i, j)
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    node_of_slot = {s: n for n, s in slot_of.items()}
+    for n in node_of_slot.values():
+        base = n
+        while (base.op == "call_function" and returns_alias(base.target) and base.args
+               and isinstance(base.args[0], torch.fx.Node)):
+            base = base.args[0]
+        root[n] = base
+    drop = set()
+    for c, st in enumerate(steps):
+        if st["kind"] != "call" or st["op"] != "aten::copy_.default":
+            continue
+        n = step_nodes[c][0]
+        if len(n.args) != 2 or n.kwargs or not all(isinstance(a, torch.fx.Node) for a in n.args):
+            continue
+        dst, out = n.args
+        if dst.op != "placeholder" or out not in produced_by or out in graph_outputs:
+            continue
+        r, j = produced_by[out]
+        members = region_members[r]
+        if any(u is not n and u not in set(members) for u in out.users):  # read only by the copy and its region
+            continue
+        d, o = node_value(dst), node_value(out)
+        if not (is_tpu_tensor(d) and is_tpu_tensor(o) and d.dtype == o.dtype and d.shape == o.shape
+                and d.device == o.device and d.is_contiguous() and o.is_contiguous()):
+            continue
+        into = steps[r].setdefault("into", [-1] * len(steps[r]["outputs"]))
+        if into[j] != -1 or slot_of[dst] in into:
+            continue
+        if any(root.get(node_of_slot[s]) is dst for k in range(r + 1, c) if k not in drop
+               for s in step_reads(steps[k])):
+            continue
+        if not _reads_only_elementwise(members, dst, out):
+            continue
+        into[j] = slot_of[dst]
+        steps[r].setdefault("aliases", []).append([slot_of[n], slot_of[dst]])
+        drop.add(c)
+    for st in steps:
+        if "into" in st and all(s == -1 for s in st["into"]):
+            del st["into"]
+    keep = [i for i in range(len(steps)) if i not in drop]
+    return [steps[i] for i in keep], [step_nodes[i] for i in keep]
 
 
 def _batch_copies(steps, step_nodes, slot_of):
