@@ -116,8 +116,8 @@ def main():
     if "tpu" in models:
         res["peak_hbm_mb"] = torch.tpu.max_memory_allocated() / 2**20
     cols = ["side", "tokens/s", "median s", "vs cpu"]
-    rows = [[s, f"{res[s]['tokens_per_s']:.1f}", f"{res[s]['median_s']:.2f}", f"{res[s].get('vs_cpu', float('nan')):.2f}x"]
-            for s in sides]
+    rows = [[s, f"{res[s]['tokens_per_s']:.1f}", f"{res[s]['median_s']:.2f}",
+             f"{res[s].get('vs_cpu', float('nan')):.2f}x"] for s in sides]
     if args.markdown:
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))
