@@ -7,6 +7,7 @@ as eager frees them) and the program's peak physical HBM bytes (inputs plus live
 intermediates, tiled sizes), which :func:`.program.check_memory` compares with the chip.
 """
 
+import bisect
 import heapq
 import os
 from collections.abc import Sequence
@@ -337,6 +338,12 @@ def _write_in_place(steps, step_nodes, region_members, slot_of, graph_outputs):
                and isinstance(base.args[0], torch.fx.Node)):
             base = base.args[0]
         root[n] = base
+    readers: dict[torch.fx.Node, list[int]] = {}  # root -> steps reading it or a view of it, in order
+    for k, st in enumerate(steps):
+        for s in step_reads(st):
+            lst = readers.setdefault(root[node_of_slot[s]], [])
+            if not lst or lst[-1] != k:
+                lst.append(k)
     drop = set()
     for c, st in enumerate(steps):
         if st["kind"] != "call" or st["op"] != "aten::copy_.default":
@@ -358,8 +365,9 @@ def _write_in_place(steps, step_nodes, region_members, slot_of, graph_outputs):
         into = steps[r].setdefault("into", [-1] * len(steps[r]["outputs"]))
         if into[j] != -1 or slot_of[dst] in into:
             continue
-        if any(root.get(node_of_slot[s]) is dst for k in range(r + 1, c) if k not in drop
-               for s in step_reads(steps[k])):
+        lst = readers.get(dst, [])
+        i = bisect.bisect_right(lst, r)
+        if i < len(lst) and lst[i] < c:  # read between the region and the copy (a dropped copy counts: safe side)
             continue
         if not _reads_only_elementwise(members, dst, out):
             continue
