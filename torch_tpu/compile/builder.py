@@ -100,9 +100,19 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     # A region of one op runs ATen's kernel instead (a library call): fusion gains
     # nothing there, and ATen's kernel (vectorized, on the intra-op threads) is faster
     # than the executor's for a lone softmax, gelu or cast (defer_and_fuse does the same).
+    # A one-op region whose every user is in one larger region joins it instead (an AdamW
+    # parameter's weight-decay multiply joining its update): no cycle can arise, since every
+    # path out of the op already led into that region.
     if not single_op_regions:
         for n in [n for n in region_of if region_size[region_of[n]] == 1]:
-            del region_of[n]
+            users = {region_of.get(u, -1) for u in n.users}
+            r = next(iter(users)) if len(users) == 1 else -1
+            if r >= 0 and r != region_of[n] and 1 < region_size[r] < MAX_REGION_NODES:
+                region_size[region_of[n]] -= 1
+                region_of[n] = r
+                region_size[r] += 1
+            else:
+                del region_of[n]
 
     # ---- steps: condensed DAG in topological order (stable by first node)
     step_of: dict[torch.fx.Node, tuple[str, int]] = {}

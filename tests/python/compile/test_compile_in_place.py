@@ -91,3 +91,24 @@ def test_region_into_a_tensor_that_does_not_fit_raises():
     out = torch.empty(8, 16, device="tpu")
     region.run([x], 0, "probe", [], [out])
     torch.testing.assert_close(out.cpu(), x.cpu() * 3 + 1)
+
+
+def test_one_op_region_joins_the_region_of_its_users():
+    # AdamW's weight decay p * (1 - lr * wd) alone would be a one-op region (run as a library
+    # call); its only user, the update, is in a larger region, which it joins
+    ps = [torch.randn(32, 48), torch.randn(48)]
+    grads = [torch.randn_like(p) for p in ps]
+    cpu = [p.clone().requires_grad_() for p in ps]
+    dev = [p.to("tpu").requires_grad_() for p in ps]
+    opt_cpu = torch.optim.AdamW(cpu, lr=0.01, weight_decay=0.1, foreach=True)
+    opt_dev = torch.optim.AdamW(dev, lr=0.01, weight_decay=0.1, foreach=True)
+    step = torch.compile(opt_dev.step, backend="tpu")
+    for _ in range(2):
+        for a, b, g in zip(cpu, dev, grads):
+            a.grad, b.grad = g.clone(), g.to("tpu")
+        step()
+        opt_cpu.step()
+    for a, b in zip(dev, cpu):
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(opt_dev.state[a]["exp_avg_sq"].cpu(), opt_cpu.state[b]["exp_avg_sq"])
+    assert "aten::mul.Tensor" not in torch_tpu.compile_stats()["library_calls"]
