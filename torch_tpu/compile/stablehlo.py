@@ -46,6 +46,9 @@ def to_stablehlo(desc: dict[str, Any], name: str = "program") -> str:
             in_t = ", ".join(types.get(s, "!torch.any") for s in st["inputs"])
             res = ", ".join(f"%{s}" for s in st["outputs"])
             body.append(f"    {res} = func.call @{fname}({ins}) : ({in_t}) -> ({', '.join(out_types)})")
+            into = [(o, d) for o, d in zip(st["outputs"], st.get("into", ())) if d >= 0]
+            if into:  # outputs written into graph inputs (their copy_ dropped)
+                body.append("    // written in place: " + ", ".join(f"%{o} into %{d}" for o, d in into))
         elif st["kind"] == "copies":
             for (d, src), o in zip(st["pairs"], st["outputs"]):
                 body.append(f"    %{o} = stablehlo.custom_call @\"aten::copy_.default\"(%{d}, %{src}) "
