@@ -10,8 +10,12 @@ Workloads (same shapes, dtypes and seeds on every side):
 
 Sides: ``tpu-compile`` (torch.compile(backend="tpu") on the vTPU), ``tpu-strict``
 (eager on the vTPU), ``cpu-inductor`` (torch.compile, inductor, on CPU tensors) and
-``cpu-eager``. Each runs --warmup calls (the first compiles), then --steps timed
-calls; the figure is the median (tpu calls end with a synchronize). Compile seconds:
+``cpu-eager``; on request (--sides) ``tpu-compile-copies``, tpu-compile with region results
+copied back into parameters and optimizer state instead of written in place (the program
+cache off for it). Each side runs --warmup calls (the first compiles); then --steps rounds
+time one call of every side in turn (interleaved, so that other jobs' load falls on all
+alike); the figure is each side's median (tpu calls end with a synchronize). Peak RSS is the
+process's, after the workload's sides ran. Compile seconds:
 the first call's time minus a steady call's (Dynamo and AOTAutograd tracing included);
 in parentheses the backend's own part (``compile_stats()["compile_seconds"]``: lowering,
 fusion, planning, or loading). ``warm`` repeats tpu's compilation in the same process
@@ -27,6 +31,7 @@ The last line is a JSON object with every figure.
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -111,34 +116,62 @@ SIDES = {
     "tpu-strict": ("tpu", False, None),
     "cpu-inductor": ("cpu", True, "inductor"),
     "cpu-eager": ("cpu", False, None),
+    # tpu-compile with the in-place rule off (results copied back, as before it): --sides to add it
+    "tpu-compile-copies": ("tpu", True, "tpu"),
 }
+DEFAULT_SIDES = ("tpu-compile", "tpu-strict", "cpu-inductor", "cpu-eager")
 
 
-def measure(workload, side, args):
+def _copy_back(compile_fn):
+    """Run `compile_fn` with the in-place rule off (region results copied back into parameters
+    and optimizer state, as before it) and the program cache off, so that no program built with
+    the rule is reused."""
+    from torch_tpu.compile import builder
+
+    saved, env = builder._write_in_place, os.environ.get("TORCH_TPU_CACHE_DIR")
+    builder._write_in_place = lambda steps, step_nodes, *a: (steps, step_nodes)
+    os.environ["TORCH_TPU_CACHE_DIR"] = ""
+    program_cache.clear_memory_cache()
+    try:
+        return compile_fn()
+    finally:
+        builder._write_in_place = saved
+        os.environ["TORCH_TPU_CACHE_DIR"] = env
+        program_cache.clear_memory_cache()
+
+
+def prepare(workload, side, args):
+    """Set `side` up and run its first (compiling) and warm-up calls: (call, partial result)."""
     device, compiled, backend = SIDES[side]
-    torch._dynamo.reset()
     stats0 = torch_tpu.compile_stats()
     call = WORKLOADS[workload](device, compiled, backend, args)
-    t0 = time.perf_counter()
-    call()
-    sync(device)
-    first = time.perf_counter() - t0
-    for _ in range(args.warmup - 1):
-        call()
-    sync(device)
-    times = []
-    for _ in range(args.steps):
+
+    def first_calls():
         t0 = time.perf_counter()
         call()
         sync(device)
-        times.append(time.perf_counter() - t0)
+        first = time.perf_counter() - t0
+        for _ in range(args.warmup - 1):
+            call()
+        sync(device)
+        return first
+
+    first = _copy_back(first_calls) if side == "tpu-compile-copies" else first_calls()
+    res = {"first_call_s": first}
+    if side == "tpu-compile":
+        res["cold_backend_s"] = torch_tpu.compile_stats()["compile_seconds"] - stats0["compile_seconds"]
+    return call, res
+
+
+def finish(workload, side, args, res, times):
+    """Medians and compile seconds of `side`; tpu-compile's warm compile (Dynamo reset: run last)."""
+    device, compiled, backend = SIDES[side]
     med = statistics.median(times)
-    res = {"median_s": med, "first_call_s": first}
+    res["median_s"] = med
     if compiled:
-        res["compile_s"] = max(first - med, 0.0)
+        res["compile_s"] = max(res["first_call_s"] - med, 0.0)
     if side == "tpu-compile":
         res["cold_compile_s"] = res.pop("compile_s")
-        res["cold_backend_s"] = torch_tpu.compile_stats()["compile_seconds"] - stats0["compile_seconds"]
         # warm: the same graphs compiled again, programs from the disk cache
         torch._dynamo.reset()
         program_cache.clear_memory_cache()
@@ -156,12 +189,34 @@ def measure(workload, side, args):
     return res
 
 
+def measure_workload(workload, sides, args):
+    """Every side set up and warmed, then timed calls interleaved (side after side, --steps
+    rounds), so that load from other jobs falls on all sides alike."""
+    torch._dynamo.reset()
+    calls, results, times = {}, {}, {s: [] for s in sides}
+    for side in sides:
+        calls[side], results[side] = prepare(workload, side, args)
+    for _ in range(args.steps):
+        for side in sides:
+            device = SIDES[side][0]
+            t0 = time.perf_counter()
+            calls[side]()
+            sync(device)
+            times[side].append(time.perf_counter() - t0)
+    for side in sides:
+        results[side]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # tpu-compile's warm compile resets Dynamo: last
+    for side in sorted(sides, key=lambda s: s == "tpu-compile"):
+        finish(workload, side, args, results[side], times[side])
+    return results
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--workloads", default=",".join(WORKLOADS))
-    p.add_argument("--sides", default=",".join(SIDES))
+    p.add_argument("--sides", default=",".join(DEFAULT_SIDES))
     p.add_argument("--model-size", default="small")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
@@ -176,15 +231,14 @@ def main():
 
     results = {}
     for w in args.workloads.split(","):
-        results[w] = {}
+        results[w] = measure_workload(w, args.sides.split(","), args)
         for side in args.sides.split(","):
-            results[w][side] = measure(w, side, args)
             print(f"{w:16s} {side:13s} " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                  for k, v in results[w][side].items()), file=sys.stderr, flush=True)
 
     cols = ["workload", "tpu-compile ms", "tpu-strict ms", "cpu-inductor ms", "cpu-eager ms",
             "inductor / tpu-compile", "cpu-eager / tpu-compile", "tpu-strict / tpu-compile",
-            "tpu compile s cold / warm (backend part)", "inductor compile s"]
+            "tpu compile s cold / warm (backend part)", "inductor compile s", "copy-back / tpu-compile"]
     rows = []
     for w, r in results.items():
         def ms(side, r=r):
@@ -199,7 +253,8 @@ def main():
                      f"{ratio('cpu-eager', 'tpu-compile'):.2f}x", f"{ratio('tpu-strict', 'tpu-compile'):.2f}x",
                      f"{tc.get('cold_compile_s', float('nan')):.1f} ({tc.get('cold_backend_s', float('nan')):.2f}) / "
                      f"{tc.get('warm_compile_s', float('nan')):.1f} ({tc.get('warm_backend_s', float('nan')):.2f})",
-                     f"{r.get('cpu-inductor', {}).get('compile_s', float('nan')):.2f}"])
+                     f"{r.get('cpu-inductor', {}).get('compile_s', float('nan')):.2f}",
+                     f"{ratio('tpu-compile-copies', 'tpu-compile'):.2f}x"])
     if args.markdown:
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))

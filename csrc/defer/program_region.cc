@@ -166,15 +166,31 @@ bool ProgramRegion::compile() {
 }
 
 std::vector<at::Tensor> ProgramRegion::run(const std::vector<at::Tensor>& inputs, c10::DeviceIndex device,
-                                           const std::string& name, const std::vector<std::vector<int64_t>>& strides) {
+                                           const std::string& name, const std::vector<std::vector<int64_t>>& strides,
+                                           const std::vector<std::optional<at::Tensor>>& into) {
   if (!launch_.region) throw std::runtime_error("region not compiled");
+  if (into.size() > num_outputs_) {
+    throw std::invalid_argument(name + ": " + std::to_string(into.size()) + " tensors to write into, the region has " +
+                                std::to_string(num_outputs_) + " outputs");
+  }
   std::vector<at::Tensor> outputs;
   outputs.reserve(num_outputs_);
   for (size_t j = 0; j < num_outputs_; ++j) {
     const ir::TensorType& t = launch_.output_types[j];
-    auto opts = at::TensorOptions()
-                    .dtype(defer::scalar_type_of(t.dtype))
-                    .device(c10::Device(c10::DeviceType::PrivateUse1, device));
+    const c10::ScalarType st = defer::scalar_type_of(t.dtype);
+    if (j < into.size() && into[j].has_value() && into[j]->defined()) {
+      const at::Tensor& d = *into[j];
+      if (d.scalar_type() != st || d.sizes() != c10::IntArrayRef(t.shape) || !d.is_contiguous() ||
+          d.device() != c10::Device(c10::DeviceType::PrivateUse1, device) || d.is_conj() || d.is_neg()) {
+        throw std::invalid_argument(name + ": output " + std::to_string(j) + " cannot be written into a " +
+                                    std::string(c10::toString(d.scalar_type())) + " tensor of shape " +
+                                    c10::str(d.sizes()) + " on " + d.device().str() +
+                                    " (needs a contiguous tensor of its dtype and shape on the region's device)");
+      }
+      outputs.push_back(d);
+      continue;
+    }
+    auto opts = at::TensorOptions().dtype(st).device(c10::Device(c10::DeviceType::PrivateUse1, device));
     if (j < strides.size() && !strides[j].empty()) {
       outputs.push_back(at::empty_strided(t.shape, strides[j], opts));
     } else {

@@ -81,8 +81,14 @@ class ProgramRegion {
   // order); returns its outputs, new contiguous tensors on the device.
   // strides: per output, the strides eager PyTorch gives it (FX metadata), or
   // empty for row-major; views taken later (permute, then view) rely on them.
+  // into: per output, an existing dense tpu tensor of the output's dtype and
+  // shape on `device` that receives it in place (a program's updated parameter
+  // or optimizer state; it may also be an input when every element of the
+  // output depends only on the same element of that input), or undefined for a
+  // new tensor. Raises std::invalid_argument when a given tensor does not fit.
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs, c10::DeviceIndex device, const std::string& name,
-                              const std::vector<std::vector<int64_t>>& strides);
+                              const std::vector<std::vector<int64_t>>& strides,
+                              const std::vector<std::optional<at::Tensor>>& into = {});
 
   int64_t num_kernels() const { return launch_.region ? launch_.region->num_kernels() : 0; }
   int64_t num_ops() const { return built_ ? graph_.num_ops() : builder_.graph().num_ops(); }

@@ -159,11 +159,12 @@ void register_compile_bindings(py::module_& parent) {
       .def(
           "run",
           [](ProgramRegion& r, const std::vector<at::Tensor>& inputs, int device, const std::string& name,
-             const std::vector<std::vector<int64_t>>& strides) {
-            return r.run(inputs, static_cast<c10::DeviceIndex>(device), name, strides);
+             const std::vector<std::vector<int64_t>>& strides, const std::vector<std::optional<at::Tensor>>& into) {
+            return r.run(inputs, static_cast<c10::DeviceIndex>(device), name, strides, into);
           },
           py::arg("inputs"), py::arg("device"), py::arg("name"),
-          py::arg("strides") = std::vector<std::vector<int64_t>>{})
+          py::arg("strides") = std::vector<std::vector<int64_t>>{},
+          py::arg("into") = std::vector<std::optional<at::Tensor>>{})
       .def_property_readonly("num_kernels", &ProgramRegion::num_kernels)
       .def_property_readonly("num_ops", &ProgramRegion::num_ops)
       .def_property_readonly("num_parameters", &ProgramRegion::num_parameters)

@@ -7,6 +7,7 @@ as eager frees them) and the program's peak physical HBM bytes (inputs plus live
 intermediates, tiled sizes), which :func:`.program.check_memory` compares with the chip.
 """
 
+import bisect
 import heapq
 import os
 from collections.abc import Sequence
@@ -99,9 +100,19 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     # A region of one op runs ATen's kernel instead (a library call): fusion gains
     # nothing there, and ATen's kernel (vectorized, on the intra-op threads) is faster
     # than the executor's for a lone softmax, gelu or cast (defer_and_fuse does the same).
+    # A one-op region whose every user is in one larger region joins it instead (an AdamW
+    # parameter's weight-decay multiply joining its update): no cycle can arise, since every
+    # path out of the op already led into that region.
     if not single_op_regions:
         for n in [n for n in region_of if region_size[region_of[n]] == 1]:
-            del region_of[n]
+            users = {region_of.get(u, -1) for u in n.users}
+            r = next(iter(users)) if len(users) == 1 else -1
+            if r >= 0 and r != region_of[n] and 1 < region_size[r] < MAX_REGION_NODES:
+                region_size[region_of[n]] -= 1
+                region_of[n] = r
+                region_size[r] += 1
+            else:
+                del region_of[n]
 
     # ---- steps: condensed DAG in topological order (stable by first node)
     step_of: dict[torch.fx.Node, tuple[str, int]] = {}
@@ -148,6 +159,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
 
     steps: list[dict[str, Any]] = []
     step_nodes: list[list[torch.fx.Node]] = []
+    region_members: dict[int, list[torch.fx.Node]] = {}
     device_index = 0
     for p in placeholders:
         v = node_value(p)
@@ -189,6 +201,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
                 "strides": [dense_strides(node_value(n)) for n in outs],
             })
             step_nodes.append(outs)
+            region_members[len(steps) - 1] = members
         else:
             n = members[0]
             if n.op == "get_attr":
@@ -207,6 +220,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
                 raise Uncacheable(f"FX node {n.op} {n.target}")
             step_nodes.append([n])
 
+    steps, step_nodes = _write_in_place(steps, step_nodes, region_members, slot_of, graph_outputs)
     steps, step_nodes = _batch_copies(steps, step_nodes, slot_of)
 
     # ---- liveness: a slot is dropped after its last use; a view keeps its base alive
@@ -286,6 +300,95 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
         "input_types": [type_str(node_value(p)) for p in placeholders],
         "output_types": _output_types(out_args),
     }
+
+
+def _reads_only_elementwise(members: list[torch.fx.Node], dst: torch.fx.Node, out: torch.fx.Node) -> bool:
+    """Whether a region may write `out` into `dst`'s memory while it reads `dst`: every member
+    that reads the old value of `dst` (directly, or through members other than `out`) is a
+    pointwise op of `dst`'s shape whose value flows only into `out` (so element i of `out` is
+    computed from element i of `dst` alone, after it was read, in any kernel split or tile order
+    the executor picks; members reading `out` read what `dst` then holds)."""
+    member_set = set(members)
+    shape = node_value(dst).shape
+    depends = set()  # members reading the old value of dst (not through out, which dst then holds)
+    for m in members:
+        if dst in m.all_input_nodes or any(a in depends and a is not out for a in m.all_input_nodes):
+            depends.add(m)
+    if not depends:
+        return True
+    if out not in depends:
+        return False
+    for m in depends:
+        if not isinstance(m.target, torch._ops.OpOverload) or torch.Tag.pointwise not in m.target.tags:
+            return False
+        if node_value(m).shape != shape:
+            return False
+        if m is not out and any(u not in member_set or u not in depends for u in m.users):
+            return False
+    return True
+
+
+def _write_in_place(steps, step_nodes, region_members, slot_of, graph_outputs):
+    """A region's output ``out`` copied into a graph input by ``copy_(dst, out)`` (an optimizer's
+    parameter and state updates, input mutations) is written into ``dst`` by the region itself,
+    and the copy goes: one pass over the memory fewer, and no new tensor. Only when ``out`` is
+    read by nothing else outside its region, is not a graph output, nothing between the region
+    and the copy reads ``dst`` (or a view of it), and the region reads ``dst`` element by element
+    (:func:`_reads_only_elementwise`)."""
+    produced_by = {}
+    for i, st in enumerate(steps):
+        if st["kind"] == "region":
+            for j, n in enumerate(step_nodes[i]):
+                produced_by[n] = (i, j)
+    root: dict[torch.fx.Node, torch.fx.Node] = {}
+    node_of_slot = {s: n for n, s in slot_of.items()}
+    for n in node_of_slot.values():
+        base = n
+        while (base.op == "call_function" and returns_alias(base.target) and base.args
+               and isinstance(base.args[0], torch.fx.Node)):
+            base = base.args[0]
+        root[n] = base
+    readers: dict[torch.fx.Node, list[int]] = {}  # root -> steps reading it or a view of it, in order
+    for k, st in enumerate(steps):
+        for s in step_reads(st):
+            lst = readers.setdefault(root[node_of_slot[s]], [])
+            if not lst or lst[-1] != k:
+                lst.append(k)
+    drop = set()
+    for c, st in enumerate(steps):
+        if st["kind"] != "call" or st["op"] != "aten::copy_.default":
+            continue
+        n = step_nodes[c][0]
+        if len(n.args) != 2 or n.kwargs or not all(isinstance(a, torch.fx.Node) for a in n.args):
+            continue
+        dst, out = n.args
+        if dst.op != "placeholder" or out not in produced_by or out in graph_outputs:
+            continue
+        r, j = produced_by[out]
+        members = region_members[r]
+        if any(u is not n and u not in set(members) for u in out.users):  # read only by the copy and its region
+            continue
+        d, o = node_value(dst), node_value(out)
+        if not (is_tpu_tensor(d) and is_tpu_tensor(o) and d.dtype == o.dtype and d.shape == o.shape
+                and d.device == o.device and d.is_contiguous() and o.is_contiguous()):
+            continue
+        into = steps[r].setdefault("into", [-1] * len(steps[r]["outputs"]))
+        if into[j] != -1 or slot_of[dst] in into:
+            continue
+        lst = readers.get(dst, [])
+        i = bisect.bisect_right(lst, r)
+        if i < len(lst) and lst[i] < c:  # read between the region and the copy (a dropped copy counts: safe side)
+            continue
+        if not _reads_only_elementwise(members, dst, out):
+            continue
+        into[j] = slot_of[dst]
+        steps[r].setdefault("aliases", []).append([slot_of[n], slot_of[dst]])
+        drop.add(c)
+    for st in steps:
+        if "into" in st and all(s == -1 for s in st["into"]):
+            del st["into"]
+    keep = [i for i in range(len(steps)) if i not in drop]
+    return [steps[i] for i in keep], [step_nodes[i] for i in keep]
 
 
 def _batch_copies(steps, step_nodes, slot_of):

@@ -196,7 +196,7 @@ def slots_in(enc) -> list[int]:
 def step_reads(st) -> list[int]:
     """The slots a step reads."""
     if st["kind"] == "region":
-        return list(st["inputs"])
+        return list(st["inputs"]) + [s for s in st.get("into", ()) if s >= 0]
     if st["kind"] == "getattr":
         return []
     if st["kind"] == "copies":

@@ -50,13 +50,26 @@ class Program:
             dev = st["device"]
             label = f"{self.name} region {len(self.regions) - 1} ({len(st['ops'])} ATen ops)"
             strides = st.get("strides") or []
+            into = tuple(st.get("into") or ())
+            aliases = tuple(tuple(a) for a in st.get("aliases") or ())
+            if not into:
+                def run_region(env, region=region, ins=ins, outs=outs, dev=dev, label=label, strides=strides):
+                    res = region.run([env[s] for s in ins], dev, label, strides)
+                    for s, t in zip(outs, res):
+                        env[s] = t
 
-            def run_region(env, region=region, ins=ins, outs=outs, dev=dev, label=label, strides=strides):
-                res = region.run([env[s] for s in ins], dev, label, strides)
+                return run_region
+
+            # outputs written into graph inputs (their copy_ removed), see builder._write_in_place
+            def run_region_into(env, region=region, ins=ins, outs=outs, dev=dev, label=label, strides=strides,
+                                into=into, aliases=aliases):
+                res = region.run([env[s] for s in ins], dev, label, strides, [env[s] if s >= 0 else None for s in into])
                 for s, t in zip(outs, res):
                     env[s] = t
+                for s, src in aliases:
+                    env[s] = env[src]
 
-            return run_region
+            return run_region_into
         if st["kind"] == "copies":
             dsts = tuple(p[0] for p in st["pairs"])
             srcs = tuple(p[1] for p in st["pairs"])

@@ -104,6 +104,16 @@ def lower(desc: dict[str, Any], name: str = "program", precision: str | None = N
                             f": ({', '.join(v.ty for v in ins)}) -> ({', '.join(v.ty for v in vs)})")
             for s, v in zip(st["outputs"], vs):
                 env[s] = v
+            # Outputs the region writes into graph inputs (their copy_ dropped): mutations of those inputs.
+            written = {}
+            for v, d in zip(vs, st.get("into", ())):
+                if d >= 0:
+                    written[d] = v
+                    if d < n_in:
+                        mutated[d] = v
+            for copy_slot, dst in st.get("aliases", ()):  # the dropped copy_'s result is the written input
+                if dst in written:
+                    env[copy_slot] = written[dst]
         elif kind == "copies":
             for (d, src), o in zip(st["pairs"], st["outputs"]):
                 dv, sv = env.get(d), env.get(src)

@@ -1,0 +1,139 @@
+"""Greedy generation of a small random Llama on tpu (strict, defer_and_fuse) against CPU eager.
+
+Model: transformers' LlamaForCausalLM from a LlamaConfig with 4 layers, hidden size 512,
+8 heads (4 key/value heads), intermediate size 1408, vocabulary 32000, random weights (seed 0),
+float32. ``generate`` with a static cache (``cache_implementation="static"``), greedy
+(``do_sample=False``), batch 4, a 32-token prompt, exactly 64 new tokens.
+
+Sides: ``cpu`` (CPU eager), ``tpu-strict`` and ``tpu-defer`` (``defer_and_fuse``). Each side
+runs --warmup generations, then --repeats timed ones; the figure is the median tokens/s
+(batch x new tokens / seconds, a generation ends with its tokens on the host). The sides
+alternate within each repeat, so that load from other jobs falls on all of them alike. The
+generated tokens of every tpu side are checked equal to CPU's.
+
+Needs the ``hf`` extra (transformers). Run:
+    python bench/generate.py [--repeats 3] [--warmup 1] [--new-tokens 64] [--markdown]
+The last line is a JSON object with every figure.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import torch_tpu
+
+SIDES = ("cpu", "tpu-strict", "tpu-defer")
+
+
+def _without_broken_media_packages():
+    """A torchvision or torchaudio built for another torch fails at import; transformers would
+    import them for its image and audio utilities (not used here): tell transformers they are absent."""
+    import importlib
+
+    import transformers.utils as tu
+    import transformers.utils.import_utils as iu
+
+    for pkg, checks in (("torchvision", ("is_torchvision_available",)),
+                        ("torchaudio", ("is_torchaudio_available", "is_speech_available"))):
+        try:
+            importlib.import_module(pkg)
+        except Exception:  # noqa: BLE001
+            for m in [m for m in sys.modules if m == pkg or m.startswith(pkg + ".")]:
+                sys.modules.pop(m)
+            for c in checks:
+                setattr(iu, c, lambda: False)
+                setattr(tu, c, lambda: False)
+
+
+def build(device):
+    _without_broken_media_packages()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval().to(device)
+
+
+def generate(model, ids, new_tokens, mode):
+    ctx = torch_tpu.eager_mode(mode) if mode else torch.no_grad()
+    with torch.no_grad(), ctx:
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, cache_implementation="static",
+                             pad_token_id=0)
+        return out.cpu()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--sides", default=",".join(SIDES))
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args()
+    sides = args.sides.split(",")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+    g = torch.Generator().manual_seed(0)
+    ids_cpu = torch.randint(0, 32000, (args.batch, args.prompt), generator=g)
+    models = {"cpu": build("cpu")}
+    if any(s.startswith("tpu") for s in sides):
+        models["tpu"] = build("tpu")
+    setup = {"cpu": ("cpu", None), "tpu-strict": ("tpu", "strict"), "tpu-defer": ("tpu", "defer_and_fuse")}
+    ref = None
+    times = {s: [] for s in sides}
+    rss0 = _peak_rss_mb()
+    for rep in range(args.warmup + args.repeats):
+        for s in sides:
+            dev, mode = setup[s]
+            ids = ids_cpu.to(dev)
+            t0 = time.perf_counter()
+            out = generate(models[dev], ids, args.new_tokens, mode)
+            dt = time.perf_counter() - t0
+            if ref is None and s == "cpu":
+                ref = out
+            if ref is not None and not torch.equal(out, ref):
+                print(f"warning: {s} generated other tokens than cpu "
+                      f"({(out != ref).sum().item()} of {out.numel()} differ)", file=sys.stderr)
+            if rep >= args.warmup:
+                times[s].append(dt)
+    tokens = args.batch * args.new_tokens
+    res = {s: {"median_s": statistics.median(t), "tokens_per_s": tokens / statistics.median(t), "times_s": t}
+           for s, t in times.items()}
+    for s in res:
+        if "cpu" in res:
+            res[s]["vs_cpu"] = res[s]["tokens_per_s"] / res["cpu"]["tokens_per_s"]
+    res["peak_rss_mb"] = _peak_rss_mb()
+    res["peak_rss_mb_before"] = rss0
+    if "tpu" in models:
+        res["peak_hbm_mb"] = torch.tpu.max_memory_allocated() / 2**20
+    cols = ["side", "tokens/s", "median s", "vs cpu"]
+    rows = [[s, f"{res[s]['tokens_per_s']:.1f}", f"{res[s]['median_s']:.2f}",
+             f"{res[s].get('vs_cpu', float('nan')):.2f}x"] for s in sides]
+    if args.markdown:
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "---|" * len(cols))
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
+    else:
+        for r in [cols] + rows:
+            print("  ".join(v.ljust(12) for v in r))
+    print(json.dumps(res))
+
+
+def _peak_rss_mb():
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+if __name__ == "__main__":
+    main()
