@@ -325,3 +325,33 @@ def test_tpu_dist_all_reduce_in_each_ranks_trace(tmp_path):
         assert [e["name"] for e in coll] == ["tpu_dist::all_reduce"]
         # The same estimate as the runtime's ICI counter (v6e, the topology's generation).
         assert coll[0]["dur"] == pytest.approx(result["ici_us"], abs=1e-3)
+
+
+def test_record_function_range_device_time_is_the_estimate_of_its_ops():
+    # A range around a forward/backward: its device time is the sum of the estimated times of the
+    # device ops issued inside it, not the host wall time between the first and the last of them.
+    tpu_profiler.set_generation("v5p")
+    model = _mlp().to("tpu")
+    x = torch.randn(N, N, dtype=torch.bfloat16, device="tpu")
+    torch.tpu.synchronize()
+    with profile(activities=ACTIVITIES) as prof:
+        with record_function("step"):
+            model(x).float().sum().backward()
+            torch.tpu.synchronize()
+    events = list(prof.events())
+    device_ops = [e for e in events if e.device_type == torch.autograd.DeviceType.PrivateUse1
+                  and not e.is_user_annotation]
+    ops_us = sum(e.self_device_time_total for e in device_ops)
+    assert ops_us >= 6 * matmul_us("v5p") - 1e-2  # 2 forward, 4 backward products at least
+    ranges = [e for e in events if e.is_user_annotation and e.name == "step"
+              and e.device_type == torch.autograd.DeviceType.PrivateUse1]
+    assert len(ranges) == 1
+    assert ranges[0].self_device_time_total == pytest.approx(ops_us, abs=1e-2)
+    row = _rows(prof)["step"]
+    assert row.self_device_time_total == pytest.approx(ops_us, abs=1e-2)
+    assert row.device_time_total == pytest.approx(ops_us, abs=1e-2)
+    # The table's percentages: the range's share of all device time is at most 100 %.
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=-1)
+    line = next(ln for ln in table.splitlines() if ln.split() and ln.split()[0] == "step")
+    percents = [float(p[:-1]) for p in line.split() if p.endswith("%")]
+    assert percents and max(percents) <= 100.0 + 1e-6, line
