@@ -1,9 +1,11 @@
-"""Normalization ops on tpu run CPU's own kernel, so results equal CPU's bit for bit.
+"""Ops whose PrivateUse1 kernel was ATen's generic composite run CPU's own kernel on tpu instead.
 
 For PrivateUse1, ATen registers a generic composite of ``native_layer_norm`` (and, before the
 fallback took it over, of ``native_group_norm``) that rounds its intermediates to the input dtype:
 in bf16 40-48 % of the elements differed from CPU. The fallback now routes both ops, and their
 backwards, to the CPU kernel over the device buffers: equal results in every dtype and layout.
+``addr`` and ``mish_backward`` had the same composite (rounding each step; docs/adding-an-op.md
+lists the audit).
 """
 
 import pytest
@@ -63,3 +65,32 @@ def test_layer_norm_bad_shape_raises_at_call():
     with pytest.raises(RuntimeError, match="normalized_shape"):
         F.layer_norm(x, (7,))
     torch.testing.assert_close(F.layer_norm(x, (8,)).cpu(), F.layer_norm(x.cpu(), (8,)), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_addr_equals_cpu(dtype):
+    torch.manual_seed(3)
+    m = torch.randn(48, 64).to(dtype).t().requires_grad_()  # non-contiguous
+    a = torch.randn(64).to(dtype).requires_grad_()
+    b = torch.randn(48).to(dtype).requires_grad_()
+    _check(lambda m, a, b: torch.addr(m, a, b, beta=0.5, alpha=1.5), m, a, b)
+    out_c = torch.empty(64, 48, dtype=dtype)
+    out_t = out_c.to("tpu")
+    torch.addr(m.detach(), a.detach(), b.detach(), alpha=2, out=out_c)
+    torch.addr(m.detach().to("tpu"), a.detach().to("tpu"), b.detach().to("tpu"), alpha=2, out=out_t)
+    torch.testing.assert_close(out_t.cpu(), out_c, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_mish_backward_equals_cpu(dtype):
+    torch.manual_seed(4)
+    x = torch.randn(8, 33).to(dtype).t().requires_grad_()
+    _check(F.mish, x)
+
+
+def test_addr_bad_shape_raises_at_call():
+    m = torch.randn(3, 4, device="tpu")
+    with pytest.raises(RuntimeError, match="size"):
+        torch.addr(m, torch.randn(5, device="tpu"), torch.randn(4, device="tpu"))
+    torch.testing.assert_close(torch.addr(m, torch.ones(3, device="tpu"), torch.ones(4, device="tpu")).cpu(),
+                               torch.addr(m.cpu(), torch.ones(3), torch.ones(4)), rtol=0, atol=0)
