@@ -72,6 +72,7 @@ OpInfo* build(const c10::OperatorHandle& op) {
   // shapes), or whose CPU out= kernels resize or re-stride their outputs:
   // they run synchronously on the CPU kernel's own results.
   static const std::unordered_set<std::string> meta_disagrees = {"aten::native_batch_norm",
+                                                                 "aten::native_layer_norm",  // bf16 mean/rstd
                                                                  "aten::_native_batch_norm_legit",
                                                                  "aten::_native_batch_norm_legit_no_training",
                                                                  "aten::_batch_norm_with_update",

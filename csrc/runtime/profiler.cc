@@ -16,6 +16,7 @@
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -366,8 +367,13 @@ class Session final : public libkineto::IActivityProfilerSession {
 
     std::set<int> chips;
     std::map<int, int64_t> op_cursor, coll_cursor;  // estimated end of each chip's last op
-    // (range, chip) -> [start, end) of the device ops issued inside it.
+    // (range, chip) -> (start of the first device op issued inside it, sum of their estimated
+    // durations). The range lasts that sum: the device time of what ran inside it, not the host
+    // time between its first and last op (ops start when issued, so gaps are host time).
     std::map<std::pair<int32_t, int>, std::pair<int64_t, int64_t>> spans;
+    // Per chip, device ops by issue time: (issued, begin, duration), for ranges whose host interval
+    // is known (ops issued by autograd's device threads inside it count too).
+    std::map<int, std::vector<std::array<int64_t, 3>>> issued;
     int64_t last_ts = start_time;
     for (const DeviceOp& op : snap.ops) {
       chips.insert(op.chip);
@@ -408,21 +414,46 @@ class Session final : public libkineto::IActivityProfilerSession {
         a.addMetadata("vTPU queued us", (op.run_start_ns - op.issued_ns) / 1e3);
         a.addMetadata("vTPU measured us", (op.run_end_ns - op.run_start_ns) / 1e3);
       }
+      issued[op.chip].push_back({op.issued_ns, begin, dur});
       for (int32_t r = op.range; r >= 0 && r < static_cast<int32_t>(snap.ranges.size()); r = snap.ranges[r].parent) {
         auto it = spans.find({r, op.chip});
         if (it == spans.end()) {
-          spans.emplace(std::make_pair(r, op.chip), std::make_pair(begin, begin + dur));
+          spans.emplace(std::make_pair(r, op.chip), std::make_pair(begin, dur));
         } else {
           it->second.first = std::min(it->second.first, begin);
-          it->second.second = std::max(it->second.second, begin + dur);
+          it->second.second += dur;
         }
+      }
+    }
+    // Ranges with a host interval: the device ops issued on each chip during it, from any thread.
+    std::map<int, std::vector<int64_t>> prefix;  // chip -> prefix sums of durations by issue time
+    for (auto& [chip, v] : issued) {
+      std::stable_sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a[0] < b[0]; });
+      auto& p = prefix[chip];
+      p.assign(1, 0);
+      for (const auto& e : v) p.push_back(p.back() + e[2]);
+    }
+    for (int32_t r = 0; r < static_cast<int32_t>(snap.ranges.size()); ++r) {
+      const libkineto::ITraceActivity* host = linked(static_cast<int32_t>(snap.ranges[r].user_corr));
+      if (host == nullptr || host->duration() <= 0) continue;
+      const int64_t lo = host->timestamp(), hi = host->timestamp() + host->duration();
+      for (const auto& [chip, v] : issued) {
+        auto cmp = [](const std::array<int64_t, 3>& e, int64_t t) { return e[0] < t; };
+        const size_t a = std::lower_bound(v.begin(), v.end(), lo, cmp) - v.begin();
+        const size_t b = std::lower_bound(v.begin(), v.end(), hi, cmp) - v.begin();
+        const auto key = std::make_pair(r, chip);
+        if (a >= b) continue;
+        const int64_t total = prefix[chip][b] - prefix[chip][a];
+        auto it = spans.find(key);
+        const int64_t start = it == spans.end() ? v[a][1] : std::min(it->second.first, v[a][1]);
+        spans[key] = std::make_pair(start, total);
       }
     }
     for (const auto& [key, span] : spans) {
       const auto& range = snap.ranges[key.first];
       const libkineto::ITraceActivity* host = linked(static_cast<int32_t>(range.user_corr));
       auto& a = add(libkineto::ActivityType::GPU_USER_ANNOTATION, host ? host->name() : std::string("range"),
-                    key.second, kRangesTrack, span.first, span.second);
+                    key.second, kRangesTrack, span.first, span.first + span.second);
       a.id = static_cast<int32_t>(range.user_corr);
       a.linked = host;
     }

@@ -14,8 +14,8 @@ one process per chip used, named ``"tpu:N (estimated <gen> time)"``, with tracks
   op ends, whichever is later. ``args`` carry the estimate in µs, FLOPs, HBM bytes and the
   vTPU's measured run on host cores (``vTPU queued us``: from issue to start on the chip's
   stream worker; ``vTPU measured us``: its duration).
-- ``record_function ranges``: each ``torch.profiler.record_function`` range, spanning the
-  device ops issued inside it.
+- ``record_function ranges``: each ``torch.profiler.record_function`` range, from the first
+  device op issued inside it, lasting the sum of those ops' estimated times (its device time).
 - ``collectives (estimated ICI/DCN time)``: tpu_dist collectives, from the ring formulas.
 - ``HBM allocated (bytes)``: a counter (``"ph": "C"``) of the chip's allocated physical bytes
   (what ``torch.tpu.memory_allocated`` returns) after each allocation and free.
@@ -48,8 +48,14 @@ from .config import TpuProfilerConfig, generation_scope
 from .server import start_server, stop_server
 
 __all__ = [
-    "set_generation", "get_generation", "trace", "recorder_stats", "GENERATIONS", "TpuProfilerConfig",
-    "start_server", "stop_server",
+    "set_generation",
+    "get_generation",
+    "trace",
+    "recorder_stats",
+    "GENERATIONS",
+    "TpuProfilerConfig",
+    "start_server",
+    "stop_server",
 ]
 
 #: Generations the device tracks can be estimated for (the table in ``csrc/vtpu/spec.cc``).

@@ -25,10 +25,6 @@ CPU_FFT_OUT = ("PyTorch CPU bug, not ours: fft_ihfft2/fft_ihfftn with out= and a
 
 # ---- backend bugs (csrc/), grouped by cause ---------------------------------
 
-BUG_META_OUT = ("BUG: native_layer_norm in bfloat16 on a zero-size input (0, 1): the meta kernel's "
-                "mean/rstd metadata differs from what the CPU kernel returns (fallback.cc takes output "
-                "metadata from meta kernels); other bf16 layer_norm samples pass")
-
 SKIPS: dict[tuple[str, str, str], str] = {
     # SPARSE
     ('sparse.mm.reduce', '*', 'forward'): SPARSE,
@@ -45,12 +41,9 @@ SKIPS: dict[tuple[str, str, str], str] = {
     ('fft.ihfftn', '*', 'out'): CPU_FFT_OUT,
     # BUG_DTYPE_VIEW
     # BUG_CONJ
-    # BUG_META_OUT
-    ('native_layer_norm', 'bfloat16', 'noncontig'): BUG_META_OUT,
-    ('native_layer_norm', 'bfloat16', 'forward'): BUG_META_OUT,
     # BUG_OUT_RESIZE
     # BUG_OUT_RESTRIDE
-    # BUG_BN_OUT_NONCONTIG (float32; in bfloat16 BUG_META_OUT fails first)
+    # BUG_BN_OUT_NONCONTIG (float32; bfloat16 fails first on its meta/CPU dtype mismatch)
     # BUG_MODE_OUT
 }
 

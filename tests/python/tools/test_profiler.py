@@ -32,7 +32,7 @@ LAUNCH_OVERHEAD_S = 2e-6
 N = 1024  # multiple of both MXU sizes (128 on v5p, 256 on v6e): no padding
 # A bf16 [1024, 1024] array fills (16, 128) tiles exactly: physical = logical bytes.
 MATMUL_BYTES = 3 * N * N * 2  # two operands read, one result written
-MATMUL_FLOPS = 2 * N ** 3
+MATMUL_FLOPS = 2 * N**3
 
 ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
 
@@ -65,9 +65,11 @@ def _load(path):
 
 def _device_processes(events):
     """pid -> process name of the tpu chips' processes in a trace."""
-    return {e["pid"]: e["args"]["name"] for e in events
-            if e.get("ph") == "M" and e.get("name") == "process_name"
-            and str(e["args"].get("name", "")).startswith("tpu:")}
+    return {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name" and str(e["args"].get("name", "")).startswith("tpu:")
+    }
 
 
 def test_key_averages_device_time_is_the_cost_model_estimate():
@@ -180,7 +182,8 @@ def test_record_function_range_spans_its_device_ops(tmp_path):
     inside, outside = kernels[:2], kernels[2]
     tol = 2e-3
     assert r["ts"] == pytest.approx(inside[0]["ts"], abs=tol)
-    assert r["ts"] + r["dur"] == pytest.approx(inside[1]["ts"] + inside[1]["dur"], abs=tol)
+    # It lasts the estimated time of the ops inside it (host gaps between them are not device time).
+    assert r["dur"] == pytest.approx(inside[0]["dur"] + inside[1]["dur"], abs=tol)
     assert outside["ts"] >= r["ts"] + r["dur"] - tol
     # key_averages: the range's device time is its span on the device track.
     assert _rows(prof)["my_block"].device_time_total >= 2 * matmul_us("v5p") - tol
@@ -204,8 +207,10 @@ def test_hbm_counter_follows_memory_allocated(tmp_path):
     prof.export_chrome_trace(path)
     events = _load(path)
     pid = {v: k for k, v in _device_processes(events).items()}[f"tpu:{dev} (estimated v6e time)"]
-    counter = [e["args"]["bytes"] for e in sorted(
-        (e for e in events if e.get("ph") == "C" and e["pid"] == pid), key=lambda e: e["ts"])]
+    counter = [
+        e["args"]["bytes"]
+        for e in sorted((e for e in events if e.get("ph") == "C" and e["pid"] == pid), key=lambda e: e["ts"])
+    ]
     assert counter == points
 
 
@@ -274,8 +279,11 @@ def test_collectives_have_their_own_track(tmp_path):
     prof.export_chrome_trace(path)
     events = _load(path)
     pid = {v: k for k, v in _device_processes(events).items()}["tpu:1 (estimated v5p time)"]
-    tracks = {e["tid"]: e["args"]["name"] for e in events
-              if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] == pid}
+    tracks = {
+        e["tid"]: e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] == pid
+    }
     coll = [e for e in events if e.get("cat") == "kernel" and e["pid"] == pid]
     assert len(coll) == 1 and tracks[coll[0]["tid"]] == "collectives (estimated ICI/DCN time)"
     assert coll[0]["name"] == "tpu_dist::collective"
@@ -309,9 +317,16 @@ def test_tpu_dist_all_reduce_in_each_ranks_trace(tmp_path):
 
     from helpers.dist import clean_env
 
-    procs = [subprocess.Popen([sys.executable, "-c", _DIST_SCRIPT, str(r), str(tmp_path / "store"),
-                               str(tmp_path / f"rank{r}.json")], env=clean_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _DIST_SCRIPT, str(r), str(tmp_path / "store"), str(tmp_path / f"rank{r}.json")],
+            env=clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
@@ -320,8 +335,43 @@ def test_tpu_dist_all_reduce_in_each_ranks_trace(tmp_path):
         assert result["value"] == 4.0 and result["collectives"] == 1  # 1 -> 2 -> 4, as gloo would
         events = _load(str(tmp_path / f"rank{r}.json"))
         pid = {v: k for k, v in _device_processes(events).items()}[f"tpu:{r} (estimated v6e time)"]
-        coll = [e for e in events if e.get("cat") == "kernel" and e["pid"] == pid
-                and e["name"].startswith("tpu_dist::")]
+        coll = [
+            e for e in events if e.get("cat") == "kernel" and e["pid"] == pid and e["name"].startswith("tpu_dist::")
+        ]
         assert [e["name"] for e in coll] == ["tpu_dist::all_reduce"]
         # The same estimate as the runtime's ICI counter (v6e, the topology's generation).
         assert coll[0]["dur"] == pytest.approx(result["ici_us"], abs=1e-3)
+
+
+def test_record_function_range_device_time_is_the_estimate_of_its_ops():
+    # A range around a forward/backward: its device time is the sum of the estimated times of the
+    # device ops issued inside it, not the host wall time between the first and the last of them.
+    tpu_profiler.set_generation("v5p")
+    model = _mlp().to("tpu")
+    x = torch.randn(N, N, dtype=torch.bfloat16, device="tpu")
+    torch.tpu.synchronize()
+    with profile(activities=ACTIVITIES) as prof:
+        with record_function("step"):
+            model(x).float().sum().backward()
+            torch.tpu.synchronize()
+    events = list(prof.events())
+    device_ops = [
+        e for e in events if e.device_type == torch.autograd.DeviceType.PrivateUse1 and not e.is_user_annotation
+    ]
+    ops_us = sum(e.self_device_time_total for e in device_ops)
+    assert ops_us >= 6 * matmul_us("v5p") - 1e-2  # 2 forward, 4 backward products at least
+    ranges = [
+        e
+        for e in events
+        if e.is_user_annotation and e.name == "step" and e.device_type == torch.autograd.DeviceType.PrivateUse1
+    ]
+    assert len(ranges) == 1
+    assert ranges[0].self_device_time_total == pytest.approx(ops_us, abs=1e-2)
+    row = _rows(prof)["step"]
+    assert row.self_device_time_total == pytest.approx(ops_us, abs=1e-2)
+    assert row.device_time_total == pytest.approx(ops_us, abs=1e-2)
+    # The table's percentages: the range's share of all device time is at most 100 %.
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=-1)
+    line = next(ln for ln in table.splitlines() if ln.split() and ln.split()[0] == "step")
+    percents = [float(p[:-1]) for p in line.split() if p.endswith("%")]
+    assert percents and max(percents) <= 100.0 + 1e-6, line
