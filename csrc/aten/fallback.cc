@@ -483,21 +483,20 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       for (auto& v : results) stack->push_back(std::move(v));
       return;
     }
-    enqueue_or_validate(
-        stream, label, key, validate,
-        [op, queued = std::move(queued), fresh = std::move(fresh), fresh_slot = std::move(fresh_slot), precision,
-          philox] {
-          AliasBuilder host(c10::kCPU);
-          auto cpu = build_stack(queued, host);
-          at::AutoDispatchBelowADInplaceOrView below_autograd;
-          call_host_kernel(op, &cpu, precision, philox);
-          for (size_t i = 0; i < fresh.size(); ++i) {
-            auto [r, k] = fresh_slot[i];
-            const IValue& v = cpu[r];
-            at::Tensor result = v.isTensor() ? v.toTensor() : v.toTensorList().get(k);
-            host.alias(fresh[i]).copy_(result);
-          }
-        });
+    enqueue_or_validate(stream, label, key, validate,
+                        [op, queued = std::move(queued), fresh = std::move(fresh), fresh_slot = std::move(fresh_slot),
+                         precision, philox] {
+                          AliasBuilder host(c10::kCPU);
+                          auto cpu = build_stack(queued, host);
+                          at::AutoDispatchBelowADInplaceOrView below_autograd;
+                          call_host_kernel(op, &cpu, precision, philox);
+                          for (size_t i = 0; i < fresh.size(); ++i) {
+                            auto [r, k] = fresh_slot[i];
+                            const IValue& v = cpu[r];
+                            at::Tensor result = v.isTensor() ? v.toTensor() : v.toTensorList().get(k);
+                            host.alias(fresh[i]).copy_(result);
+                          }
+                        });
   }
   torch::jit::drop(*stack, num_args);
   for (auto& v : results) stack->push_back(std::move(v));
