@@ -159,7 +159,8 @@ class TpuPlatform(Platform):
         parallel_config.disable_custom_all_reduce = True
         if parallel_config.world_size > 1 and parallel_config.distributed_executor_backend in (None, "uni"):
             parallel_config.distributed_executor_backend = "mp"
-        os.environ.setdefault("LOCAL_WORLD_SIZE", str(parallel_config.tensor_parallel_size))
+        if parallel_config.tensor_parallel_size > 1:  # for the mp executor's worker processes
+            os.environ.setdefault("LOCAL_WORLD_SIZE", str(parallel_config.tensor_parallel_size))
 
     @classmethod
     def use_custom_allreduce(cls) -> bool:
