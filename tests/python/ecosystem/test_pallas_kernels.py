@@ -44,14 +44,16 @@ def test_gmm():
 
 def test_ragged_paged_attention_does_not_run_in_jax_0_10_interpret_mode():
     """A known limit (docs/pallas.md): the kernel reshapes a VMEM ref, which JAX 0.10.2's TPU
-    interpreter cannot do; the error is the op's, sticky, and the chip stays usable."""
+    interpreter cannot do; the error is the op's (raised at the call: strict mode runs a
+    signature's first call at once), and the chip stays usable."""
     hq, hkv, d, page = 4, 2, 128, 16
     q = torch.randn(16, hq, d, device="tpu")
     kv_pages = torch.randn(4, page, 2 * hkv, d, device="tpu")
     i32 = dict(dtype=torch.int32, device="tpu")
-    kernels.ragged_paged_attention(q, kv_pages, torch.tensor([16, 24], **i32), torch.tensor([[0, 1], [2, 3]], **i32),
-                                   torch.tensor([0, 8, 16], **i32), torch.tensor([2], **i32), sm_scale=d**-0.5)
+    args = (torch.tensor([16, 24], **i32), torch.tensor([[0, 1], [2, 3]], **i32), torch.tensor([0, 8, 16], **i32),
+            torch.tensor([2], **i32))
     with pytest.raises(RuntimeError, match=r"(?s)tpu_pallas::ragged_paged_attention.*ReshapeTransform"):
+        kernels.ragged_paged_attention(q, kv_pages, *args, sm_scale=d**-0.5)
         torch.tpu.synchronize()
     torch.testing.assert_close((q[:1] * 2).cpu(), q[:1].cpu() * 2)
 
