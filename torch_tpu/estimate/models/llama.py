@@ -252,25 +252,43 @@ class LlamaAttention(nn.Module):
 
 class SwiGLUGate(torch.autograd.Function):
     """``silu(a) * b`` whose backward is one elementwise computation of ``da`` and ``db`` from the
-    saved ``a``, ``b`` and the incoming gradient, as a compiler's fused backward computes it:
+    saved ``a``, ``b`` and the incoming gradient ``g``, as a compiler's fused backward computes it:
     ``s = sigmoid(a)``, ``db = g·a·s``, ``da = g·b·s·(1 + a·(1 - s))``. Autograd's own formula
-    would also keep ``silu(a)`` and the two partial products alive; XLA's step does not."""
+    would also keep ``silu(a)`` and the two partial products alive; XLA's step does not.
+
+    ``consume`` (the caller owns ``a`` and ``b``: no one reads them after this backward): the
+    results are written into the buffers of the inputs that die here (``da`` into ``b``'s,
+    ``db`` into ``g``'s, ``a`` holding ``s·(1 + a·(1 - s))`` on the way), as XLA's buffer
+    assignment gives an elementwise fusion's output the buffer of an operand whose last use it
+    is: the backward allocates only ``s`` ([..., F]), not two new [..., F] results. A second
+    backward through the same graph then raises autograd's in-place error instead of reading
+    the overwritten inputs."""
 
     @staticmethod
-    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor, consume: bool = False) -> torch.Tensor:
         ctx.save_for_backward(a, b)
+        ctx.consume = consume
         return F.silu(a) * b
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         a, b = ctx.saved_tensors
         s = torch.sigmoid(a)
-        return g * b * s * (1 + a * (1 - s)), g * a * s
+        if (not ctx.consume or torch.is_grad_enabled()
+                or not (a.shape == b.shape == g.shape and a.dtype == b.dtype == g.dtype)
+                or not all(t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+                           for t in (a, b, g))):  # each the whole of its buffer
+            return g * b * s * (1 + a * (1 - s)), g * a * s, None
+        b.mul_(g)                                    # g·b
+        g.mul_(a).mul_(s)                            # db = g·a·s
+        a.addcmul_(a, s, value=-1).add_(1).mul_(s)   # s·(1 + a·(1 - s))
+        return b.mul_(a), g, None                    # da = g·b·s·(1 + a·(1 - s)), db
 
 
-def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``silu(a) * b`` with :class:`SwiGLUGate`'s backward: [..., F], [..., F] -> [..., F]."""
-    return SwiGLUGate.apply(a, b)
+def swiglu(a: torch.Tensor, b: torch.Tensor, consume: bool = False) -> torch.Tensor:
+    """``silu(a) * b`` with :class:`SwiGLUGate`'s backward: [..., F], [..., F] -> [..., F].
+    ``consume``: ``a`` and ``b`` are the caller's temporaries (see :class:`SwiGLUGate`)."""
+    return SwiGLUGate.apply(a, b, consume)
 
 
 class LlamaMLP(nn.Module):
@@ -290,7 +308,7 @@ class LlamaMLP(nn.Module):
         with tag("mlpwi_1"):
             b = self.w3(x)
         with tag("mlpwo", residual=False):  # feeds only the residual add
-            return self.w2(swiglu(a, b))
+            return self.w2(swiglu(a, b, consume=True))  # a, b: this forward's own
 
 
 class MoEMLP(nn.Module):
@@ -336,7 +354,7 @@ class MoEMLP(nn.Module):
         with tag("mlpwi_1"):
             b = torch.bmm(xe, self.w3)
         with tag("mlpwo"):
-            y = torch.bmm(swiglu(a, b), self.w2)
+            y = torch.bmm(swiglu(a, b, consume=True), self.w2)  # a, b: this forward's own
         y = self.all_to_all(y.reshape(-1, C)[: n * self.k])  # combined back to the tokens' chips
         out = torch.empty_like(y).index_copy(0, order, y).view(n, self.k, C)
         # Weighted sum over the k experts as one batched matmul [N, 1, k] @ [N, k, C] (autocast
