@@ -25,7 +25,8 @@ from .. import _C
 from . import models as M
 from . import remat as R
 from .flops import mfu, model_flops_per_token
-from .parallel import Collectives, Parallelism, layer_modules, price_dp_grads, shard_model, tp_hooks
+from . import schedule as S
+from .parallel import Collectives, Parallelism, dp_grad_hooks, layer_modules, shard_model, tp_hooks
 
 GENERATIONS = ("v4", "v5e", "v5p", "v6e", "tpu7x")
 # The dry run allocates HBM without touching it; capacity is checked against each
@@ -326,6 +327,8 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
     dev = torch.device("tpu", device)
     coll = Collectives(par, topo["num_chips"], device)
     host = R.HostTraffic()
+    timeline = S.Timeline(device)
+    coll.timeline = host.timeline = timeline
     amp = torch.bfloat16 if dtype == "bf16" else None
     with dry_run(), _global_eager_mode("defer_and_fuse" if fuse else "strict"):
         try:
@@ -351,6 +354,8 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         for _, layer in layer_modules(model):
             R.wrap_layer(layer, plan, host)
         per_chip_params = sum(p.numel() for p in model.parameters())
+        if par.fsdp == 1:
+            dp_grad_hooks(model, coll)
         opt = _optimizer(spec, model)
         b = spec.batch // par.data_parallel
         m, micro, inflight = _pipeline(spec, par) if par.pp > 1 else (1, b, 1)
@@ -363,8 +368,6 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
             phases["forward"] = _bound(device)
 
         def after_backward():
-            if par.fsdp == 1:
-                price_dp_grads(model, coll)  # noqa: F821  (called by train_step, before `del model`)
             if spec.kind == "llama" and par.tp > 1:
                 # Vocabulary-parallel cross-entropy: max and sum-exp per token, all-reduced.
                 for _ in range(2):
@@ -373,6 +376,8 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
                 act = micro * spec.seq_len * spec.llama.d_model * (2 if amp is not None else 4)
                 for _ in range(2 * m):
                     coll.price("send", "pp", act)
+            timeline.record("sync")  # the optimizer step: gradient reductions must have finished
+            timeline.active = False
             phases["backward"] = _bound(device)
 
         for i in range(steps):
@@ -382,6 +387,8 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
                 torch.tpu.reset_peak_memory_stats(device)
                 coll.tally.clear()
                 host.__init__()
+                host.timeline = timeline
+                timeline.active = True
             train_step(model, opt, x, y, dev, amp, after_backward, after_forward=after_forward)
         stats = torch_tpu.runtime.stats(device)
         phases["end"] = _bound(device)
@@ -389,6 +396,7 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
     out = {
         "stats": stats,
         "phases": phases,
+        "timeline": timeline.events,
         "host": {"d2h_bytes": host.d2h, "h2d_bytes": host.h2d, "tensors": host.count},
         "remat": {"policy": plan.policy, "save": sorted(plan.save), "offload": sorted(plan.offload)},
         "loss_chunks": loss_chunks,
@@ -468,23 +476,34 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
                 other += s_ici + s_dcn
             ici += s_ici
             dcn += s_dcn
-        exposed_other = max(0.0, other - compute) if overlap else other
-        # Offload copies run on the host link (full duplex) beside the compute: each direction is
-        # exposed only beyond the forward and backward compute it pipelines with (layer i's copy
-        # runs while other layers compute).
         d2h_s, h2d_s = (host["d2h_bytes"] * repeat / R.HOST_LINK_BYTES_PER_S[g],
                         host["h2d_bytes"] * repeat / R.HOST_LINK_BYTES_PER_S[g])
-        exposed_host = max(0.0, max(d2h_s, h2d_s) - (fwd_s + bwd_s)) if overlap else d2h_s + h2d_s
-        step = compute + crit + exposed_other + exposed_host
+        events = raw.get("timeline")
+        if overlap and events is not None and not pipe:
+            # The overlap schedule (schedule.py): the step as XLA's schedule runs it, each transfer
+            # on its resource beside the compute, exposed where its queue outlasts the compute.
+            tr, sync = S.transfers_for(events, g, R.HOST_LINK_BYTES_PER_S[g])
+            sched = S.simulate(tr, compute, sync)
+            x = sched["exposed_s"]
+            step = sched["step_s"]
+            exposed_ici, exposed_dcn, exposed_host = x["ici"], x["dcn"], x["d2h"] + x["h2d"]
+        else:
+            # Pipelines (the measured in-flight microbatches stand for M of them), old reports without
+            # a timeline, or --no-overlap: tp / ep on the critical path, FSDP / DP collectives hidden up
+            # to the compute's length, each host direction up to the forward and backward compute.
+            exposed_other = max(0.0, other - compute) if overlap else other
+            exposed_host = max(0.0, max(d2h_s, h2d_s) - (fwd_s + bwd_s)) if overlap else d2h_s + h2d_s
+            step = compute + crit + exposed_other + exposed_host
+            comm = crit + other
+            share = (crit + exposed_other) / comm if comm > 0 else 0.0
+            exposed_ici, exposed_dcn = ici * share, dcn * share
         comm = crit + other
-        exposed = crit + exposed_other
-        share = exposed / comm if comm > 0 else 0.0
         peak = specs[g]["peak_bf16_flops"]
         by_gen[g] = {
             "step_time_s": step,
             "step_time_serial_s": compute + comm + d2h_s + h2d_s,
             "compute_s": compute,
-            "breakdown_s": {**parts, "ici": ici * share, "dcn": dcn * share, "host": exposed_host},
+            "breakdown_s": {**parts, "ici": exposed_ici, "dcn": exposed_dcn, "host": exposed_host},
             "ici_s": ici,
             "dcn_s": dcn,
             "host_s": d2h_s + h2d_s,

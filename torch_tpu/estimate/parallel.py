@@ -111,6 +111,7 @@ class Collectives:
         self.links = {axis: _C._tpu_dist_ring_links(chips) if len(chips) > 1 else 1
                       for axis, chips in self.groups.items()}
         self.tally: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0])
+        self.timeline = None  # a schedule.Timeline: each collective's position in the step
 
     def size(self, axis: str) -> int:
         return {"tp": self.par.tp, "fsdp": self.par.fsdp, "dp": self.par.dp, "ep": self.par.ep,
@@ -133,7 +134,7 @@ class Collectives:
             steps = n - 1 if op == "all_to_all" else 1
             links = self.links[axis] if op == "all_to_all" else 1
             _C._record_collective(self.device, float(payload_bytes), ici, links, steps, 0.0)
-            self._tally(op, axis, payload_bytes, ici, 0.0, steps)
+            self._tally(op, axis, payload_bytes, ici, 0.0, steps, links)
             return
         hosts = self.par.slices if axis == "dp" else self.par.fsdp_slices if axis == "fsdp" else 1
         local = n // hosts
@@ -162,9 +163,12 @@ class Collectives:
                     steps += c["ici_steps"]
             dcn = _C._ring_cost("all_reduce", hosts, float(payload_bytes) / local)["ici_bytes"]
         _C._record_collective(self.device, float(payload_bytes), ici, self.links[axis], steps, dcn)
-        self._tally(op, axis, payload_bytes, ici, dcn, steps)
+        self._tally(op, axis, payload_bytes, ici, dcn, steps, self.links[axis])
 
-    def _tally(self, op, axis, payload_bytes, ici, dcn, steps) -> None:
+    def _tally(self, op, axis, payload_bytes, ici, dcn, steps, links) -> None:
+        if self.timeline is not None:
+            self.timeline.record("collective", op=op, axis=axis, ici_bytes=ici, dcn_bytes=dcn, links=links,
+                                 steps=steps)
         t = self.tally[(op, axis)]
         t[0] += 1
         t[1] += payload_bytes
@@ -393,20 +397,27 @@ def shard_model(model: nn.Module, coll: Collectives, compute_dtype: torch.dtype 
     return units
 
 
-def price_dp_grads(model: nn.Module, coll: Collectives) -> None:
+def dp_grad_hooks(model: nn.Module, coll: Collectives) -> None:
     """Pure data parallelism (fsdp = 1): one all-reduce of the gradients per layer bucket
-    (each unit of :func:`layer_modules`, then the rest), as DDP's buckets would."""
+    (each unit of :func:`layer_modules`, then the rest), as DDP's buckets would, priced when the
+    bucket's gradients are ready in the backward (a hook on its parameters, so that the
+    schedule sees where each bucket's all-reduce is issued). Call once, after the parameters
+    are on the device."""
     if coll.par.dp <= 1:
         return
-    seen = set()
+    seen: set[int] = set()
+    buckets = []
     for _, m in layer_modules(model):
-        b = 0
-        for p in m.parameters():
-            if id(p) not in seen and p.grad is not None:
-                seen.add(id(p))
-                b += _nbytes(p.grad)
+        ps = [p for p in m.parameters() if id(p) not in seen and p.requires_grad]
+        seen.update(id(p) for p in ps)
+        buckets.append(ps)
+    buckets.append([p for p in model.parameters() if id(p) not in seen and p.requires_grad])
+
+    def hook(grads):
+        b = sum(_nbytes(g) for g in grads if g is not None)
         if b:
             coll.price("all_reduce", "dp", b)
-    rest = sum(_nbytes(p.grad) for p in model.parameters() if id(p) not in seen and p.grad is not None)
-    if rest:
-        coll.price("all_reduce", "dp", rest)
+
+    for ps in buckets:
+        if ps:
+            torch.autograd.graph.register_multi_grad_hook(ps, hook, mode="all")

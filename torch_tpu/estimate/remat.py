@@ -143,6 +143,7 @@ class HostTraffic:
         self.d2h = 0.0
         self.h2d = 0.0
         self.count = 0
+        self.timeline = None  # a schedule.Timeline: each layer's offload and reload in the step
 
     def seconds(self, generation: str) -> tuple[float, float]:
         bw = HOST_LINK_BYTES_PER_S[generation]
@@ -168,6 +169,7 @@ class _Offloaded:
     def evict(self) -> None:
         # The dry run holds no values: the HBM goes (as a copy to host would free it) and the
         # transfer is priced on the host link.
+        moved = 0
         for t in self.tensors:
             s = t.untyped_storage()
             n = s.nbytes()
@@ -176,14 +178,21 @@ class _Offloaded:
                 self.traffic.count += 1
                 t._offload_nbytes = n
                 s.resize_(0)
+                moved += n
+        if moved and self.traffic.timeline is not None:
+            self.traffic.timeline.record("d2h", bytes=moved, key=id(self))
 
     def restore(self) -> None:
+        moved = 0
         for t in self.tensors:
             s = t.untyped_storage()
             n = getattr(t, "_offload_nbytes", 0)
             if n and s.nbytes() == 0:
                 s.resize_(n)
                 self.traffic.h2d += n
+                moved += n
+        if moved and self.traffic.timeline is not None:
+            self.traffic.timeline.record("h2d", bytes=moved, key=id(self))
         self.tensors = []
 
 

@@ -18,6 +18,7 @@ import torch
 
 from torch_tpu.estimate import LLAMA_PRESETS, Parallelism, llama_config, model_spec, report, run
 from torch_tpu.estimate import remat as R
+from torch_tpu.estimate import schedule as S
 from torch_tpu.estimate.__main__ import main as cli_main
 from torch_tpu.estimate.published import PUBLISHED
 
@@ -104,6 +105,87 @@ def test_remat_recompute_flops_saved_tensors_and_offload():
                topology=torch.tpu.topology()["name"], overlap=False)
     e = r["by_generation"]["v6e"]
     assert e["host_s"] == pytest.approx(2 * moved / R.HOST_LINK_BYTES_PER_S["v6e"])
+    assert sum(e["breakdown_s"].values()) == pytest.approx(e["step_time_s"])
+
+
+def test_overlap_schedule_hand_computed():
+    """schedule.simulate on cases small enough to compute by hand (seconds)."""
+    T = S.Transfer
+    # Three layers of 1 s compute, their all-gathers prefetched one layer ahead on one ICI queue:
+    # the first is exposed whole (0.5), the second by max(0, 1.5 - 1) = 0.5, the third (0.7 < 1) not.
+    ags = [T(0.0, (("ici", 0.5),), "here", True), T(1.0, (("ici", 1.5),), "here", True),
+           T(2.0, (("ici", 0.7),), "here", True)]
+    r = S.simulate(ags, 3.0)
+    assert r["step_s"] == pytest.approx(4.0) and r["exposed_s"]["ici"] == pytest.approx(1.0)
+    assert r["busy_s"]["ici"] == pytest.approx(2.7)
+    # Gradient reduce-scatters after each layer's backward: one with 1 s of compute behind it is
+    # hidden (0.6 < 1), the last one (at the end of the backward) exposed whole, and the DCN
+    # reduction chained behind it too (no compute left).
+    rs = [T(2.0, (("ici", 0.6),), "sync"), T(3.0, (("ici", 0.4), ("dcn", 0.3)), "sync")]
+    r = S.simulate(rs, 3.0, sync_pos=3.0)
+    assert r["step_s"] == pytest.approx(3.7)
+    assert r["exposed_s"]["ici"] == pytest.approx(0.4) and r["exposed_s"]["dcn"] == pytest.approx(0.3)
+    # Different resources run concurrently: the same transfers on ICI and on the host link hide
+    # behind the same compute.
+    both = [T(1.0, (("ici", 0.9),), "here"), T(1.0, (("h2d", 0.9),), "here")]
+    assert S.simulate([T(0.0, (("ici", 0.0),), "here", True), *both], 2.0)["step_s"] == pytest.approx(2.9)
+    # Offload saturation: two forward layers (1 s) each offloading 1.5 s of activations, two
+    # backward layers (1 s) reloading them (each reload after its own offload). Offloads:
+    # 1.0-2.5, 2.5-4.0; the last layer's reload 4.0-5.5 is needed at 2.0 (3.5 exposed), the
+    # first's 5.5-7.0 at 3.0 + 3.5 = 6.5 (0.5 more): step 4 + 4 = 8 s.
+    host = [T(1.0, (("d2h", 1.5),), "none", key=0), T(2.0, (("d2h", 1.5),), "none", key=1),
+            T(2.0, (("h2d", 1.5),), "here", True, after=1), T(3.0, (("h2d", 1.5),), "here", True, after=0)]
+    r = S.simulate(host, 4.0)
+    assert r["step_s"] == pytest.approx(8.0) and r["exposed_s"]["h2d"] == pytest.approx(4.0)
+    assert r["exposed_s"]["d2h"] == 0.0
+    # Below saturation (0.5 s per layer) the first layer's round trip hides, but the last
+    # forward layer's offload (2.0-2.5) and its reload (2.5-3.0) have no compute between them:
+    # 1 s exposed where the backward starts.
+    host = [T(1.0, (("d2h", 0.5),), "none", key=0), T(2.0, (("d2h", 0.5),), "none", key=1),
+            T(2.0, (("h2d", 0.5),), "here", True, after=1), T(3.0, (("h2d", 0.5),), "here", True, after=0)]
+    r = S.simulate(host, 4.0)
+    assert r["step_s"] == pytest.approx(5.0) and r["exposed_s"]["h2d"] == pytest.approx(1.0)
+    # A transfer nothing waits for, still running at the end, extends the step.
+    assert S.simulate([T(1.0, (("d2h", 2.0),), "none")], 2.0)["step_s"] == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("args,message", [
+    (([S.Transfer(0.0, (("pcie", 1.0),))], 1.0), "unknown resource 'pcie'"),
+    (([S.Transfer(0.0, (("ici", -1.0),))], 1.0), "negative duration"),
+    (([S.Transfer(0.0, (("ici", 1.0),), "later")], 1.0), "need must be one of here, sync, none"),
+    (([S.Transfer(0.0, (("ici", 1.0),), "sync")], 1.0), "no sync position"),
+    (([S.Transfer(0.0, (("h2d", 1.0),), after=7)], 1.0), "after 7, which no transfer"),
+    (([], 1.0, 2.0), "0 <= sync <= compute"),
+])
+def test_overlap_schedule_bad_input(args, message):
+    with pytest.raises(ValueError, match=message):
+        S.simulate(*args)
+    assert S.simulate([], 1.0)["step_s"] == 1.0  # still working
+
+
+def test_overlap_schedule_of_a_dry_run():
+    """The measured step's timeline: one offload and one reload per layer (bytes adding up to
+    the host traffic), the FSDP all-gathers and reduce-scatters in program order, and the
+    report's step = compute + what the schedule exposes (breakdown adding up to it)."""
+    n = _chips()
+    spec = model_spec("llama", batch=ROWS * n, **SMALL)
+    raw = run(spec, Parallelism(fsdp=n), remat="qkv_proj_offloaded", device=DEV)
+    ev = raw["timeline"]
+    d2h = [e for e in ev if e["kind"] == "d2h"]
+    h2d = [e for e in ev if e["kind"] == "h2d"]
+    assert len(d2h) == len(h2d) == SMALL["n_layers"]
+    assert sum(e["bytes"] for e in d2h) == raw["host"]["d2h_bytes"] == sum(e["bytes"] for e in h2d)
+    assert [e["key"] for e in h2d] == [e["key"] for e in reversed(d2h)]  # the backward runs the layers back
+    ag = [e for e in ev if e["kind"] == "collective" and e["op"] == "all_gather"]
+    rs = [e for e in ev if e["kind"] == "collective" and e["op"] == "reduce_scatter"]
+    assert len(ag) == raw["collectives"]["all_gather/fsdp"]["count"] and len(rs) == SMALL["n_layers"] + 2
+    pos = [e["pos"]["v6e"] for e in ev]
+    assert pos == sorted(pos) and [e["kind"] for e in ev][-1] == "sync"
+    r = report(spec, Parallelism(fsdp=n), raw, topology=torch.tpu.topology()["name"])
+    e = r["by_generation"]["v6e"]
+    tr, sync = S.transfers_for(ev, "v6e", R.HOST_LINK_BYTES_PER_S["v6e"])
+    assert e["step_time_s"] == pytest.approx(S.simulate(tr, e["compute_s"], sync)["step_s"])
+    assert e["compute_s"] < e["step_time_s"] <= e["step_time_serial_s"]
     assert sum(e["breakdown_s"].values()) == pytest.approx(e["step_time_s"])
 
 
