@@ -24,8 +24,8 @@ import torch_tpu.runtime
 from .. import _C
 from . import models as M
 from . import remat as R
-from .flops import mfu, model_flops_per_token
 from . import schedule as S
+from .flops import mfu, model_flops_per_token
 from .parallel import Collectives, Parallelism, dp_grad_hooks, layer_modules, shard_model, tp_hooks
 
 GENERATIONS = ("v4", "v5e", "v5p", "v6e", "tpu7x")

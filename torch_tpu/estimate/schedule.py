@@ -94,7 +94,7 @@ def simulate(transfers: list[Transfer], compute_s: float, sync_pos: float | None
     _check(transfers, compute_s, sync_pos)
     need_pos = sorted({t.pos for t in transfers if t.prefetch and t.need == "here"})
     issue = []
-    for i, t in enumerate(transfers):
+    for t in transfers:
         q = t.pos
         if t.prefetch:
             earlier = [p for p in need_pos if p < t.pos]
