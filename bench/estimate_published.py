@@ -1,9 +1,11 @@
 """Estimates beside published step times (torch_tpu.estimate.published.PUBLISHED).
 
-    python bench/estimate_published.py [--fuse] [name-substring ...]
+    python bench/estimate_published.py [--fuse] [--overlap MODE] [name-substring ...]
 
 Prints, per row: estimated and published step time, their ratio, HBM peak and fit. ``--fuse``
-adds ``--fuse`` to every row (elementwise chains priced as defer_and_fuse's fused regions).
+adds ``--fuse`` to every row (elementwise chains priced as defer_and_fuse's fused regions);
+``--overlap schedule`` (or ``none``) adds it to every row (the layer-by-layer overlap schedule;
+the exposed ICI / DCN / host seconds are printed beside the ratio).
 """
 
 import json
@@ -27,6 +29,10 @@ def estimate_row(row, timeout=1200):
 def main(argv):
     extra = [a for a in argv if a == "--fuse"]
     argv = [a for a in argv if a != "--fuse"]
+    if "--overlap" in argv:
+        i = argv.index("--overlap")
+        extra += argv[i:i + 2]
+        del argv[i:i + 2]
     for row in PUBLISHED:
         if argv and not any(a in row["name"] for a in argv):
             continue
@@ -35,7 +41,8 @@ def main(argv):
         e = r["by_generation"][row["generation"]]
         print(f"{row['name']:<38} {row['role']:<8} est {e['step_time_s']:8.2f} s  published {row['step_s']:8.2f} s  "
               f"ratio {e['step_time_s'] / row['step_s']:.3f}  HBM {r['hbm_peak_bytes'] / 2**30:6.1f} GiB "
-              f"fits {e['fits']}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+              f"fits {e['fits']}  exposed ICI {e['breakdown_s']['ici']:.2f} DCN {e['breakdown_s']['dcn']:.2f} "
+              f"host {e['breakdown_s']['host']:.2f} s  ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="Llama: output projection and loss over N chunks of tokens, each recomputed in backward "
                         "(default: enough chunks for at most 256 MiB of float32 logits each)")
     p.add_argument("--no-overlap", action="store_true",
-                   help="do not overlap FSDP / DP collectives with compute (they add to the step)")
+                   help="do not overlap FSDP / DP collectives with compute (they add to the step); = --overlap none")
+    p.add_argument("--overlap", choices=("hidden", "schedule", "none"), default=None,
+                   help="how collectives and host offload overlap compute: hidden (default: up to the step's "
+                        "compute), schedule (layer by layer, each link its own queue; docs/estimate.md), none")
     p.add_argument("--plot", metavar="FILE.png", help="draw the step-time breakdown across generations")
     p.add_argument("--serve", action="store_true",
                    help="serving instead of training, per chip: prefill and decode step times, tokens/s, KV-cache "
@@ -158,7 +161,8 @@ def format_table(r: dict) -> str:
             f"{'yes' if e['fits'] else 'NO'}{mark}")
     lines.append("  (MXU/VPU/HBM/ovh: compute time by the unit bounding each op; ICI/DCN/host: all collective and "
                  "offload time, "
-                 + ("of which FSDP/DP traffic overlaps compute" if r["overlap"] else "serial")
+                 + {"hidden": "of which FSDP/DP traffic overlaps compute", "none": "serial",
+                    "schedule": "exposed by the layer-by-layer overlap schedule"}[r["overlap"]]
                  + "; MFU(c): causal attention FLOPs halved, as MaxText counts them)")
     for key, c in r["collectives"].items():
         lines.append(f"  {key:<22} x{c['count']:<5} {format_bytes(c['payload_bytes']):>11} payload, "
@@ -212,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         name, _, slice_chips, _ = _C._parse_topology(args.topology)
         if args.slices < 1:
             raise ValueError(f"--slices must be at least 1, got {args.slices}")
+        if args.no_overlap and args.overlap not in (None, "none"):
+            raise ValueError(f"--no-overlap contradicts --overlap {args.overlap}")
         par = _sizes(args, slice_chips * args.slices)
         kwargs = json.loads(args.model_kwargs) if args.model_kwargs else None
         if kwargs is not None and not isinstance(kwargs, dict):
@@ -271,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                   weight_dtype=args.weight_dtype, fuse=args.fuse)
     except ValueError as e:  # a factory that raises or returns no nn.Module: its message, not a traceback
         raise SystemExit(f"torch_tpu.estimate: error: {e}") from None
-    r = report(spec, par, raw, topology=name, overlap=not args.no_overlap)
+    r = report(spec, par, raw, topology=name, overlap="none" if args.no_overlap else args.overlap or "hidden")
     print(format_table(r))
     if args.plot:
         plot(r, args.plot)

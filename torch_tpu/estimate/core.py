@@ -26,7 +26,7 @@ from . import models as M
 from . import remat as R
 from . import schedule as S
 from .flops import mfu, model_flops_per_token
-from .parallel import Collectives, Parallelism, dp_grad_hooks, layer_modules, shard_model, tp_hooks
+from .parallel import Collectives, Parallelism, layer_modules, price_dp_grads, shard_model, tp_hooks
 
 GENERATIONS = ("v4", "v5e", "v5p", "v6e", "tpu7x")
 # The dry run allocates HBM without touching it; capacity is checked against each
@@ -354,8 +354,6 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         for _, layer in layer_modules(model):
             R.wrap_layer(layer, plan, host)
         per_chip_params = sum(p.numel() for p in model.parameters())
-        if par.fsdp == 1:
-            dp_grad_hooks(model, coll)
         opt = _optimizer(spec, model)
         b = spec.batch // par.data_parallel
         m, micro, inflight = _pipeline(spec, par) if par.pp > 1 else (1, b, 1)
@@ -368,6 +366,8 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
             phases["forward"] = _bound(device)
 
         def after_backward():
+            if par.fsdp == 1:
+                price_dp_grads(model, coll)  # noqa: F821  (called by train_step, before `del model`)
             if spec.kind == "llama" and par.tp > 1:
                 # Vocabulary-parallel cross-entropy: max and sum-exp per token, all-reduced.
                 for _ in range(2):
@@ -419,13 +419,27 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
     return out
 
 
-def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overlap: bool = True) -> dict:
+OVERLAP_MODES = ("hidden", "schedule", "none")
+
+
+def _overlap_mode(overlap) -> str:
+    mode = {True: "hidden", False: "none"}.get(overlap, overlap) if isinstance(overlap, bool) else overlap
+    if mode not in OVERLAP_MODES:
+        raise ValueError(f"overlap must be one of {', '.join(OVERLAP_MODES)} (or True / False), got {overlap!r}")
+    return mode
+
+
+def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overlap: bool | str = True) -> dict:
     """Per-chip estimate for every generation from :func:`run`'s measurements.
 
     For generation g: ``compute_s`` (the cost model's device seconds, split into ``mxu``,
     ``vpu``, ``hbm``, ``overhead`` by the unit bounding each op), ``ici_s`` and ``dcn_s``
-    (collectives; tp all-reduces are on the critical path, fsdp / dp collectives overlap
-    with compute when ``overlap``: exposed = max(0, their time - compute)),
+    (collectives). ``overlap`` says how much of the collectives and host offload the step
+    exposes: ``"hidden"`` (default, True): tp / ep all-reduces on the critical path, fsdp / dp
+    collectives exposed only beyond the whole step's compute (max(0, their time - compute)), each
+    host direction only beyond the forward + backward compute; ``"schedule"``: the layer-by-layer
+    overlap schedule of :mod:`schedule` over the measured step's timeline (pipelines: as
+    ``"hidden"``); ``"none"`` (False): everything adds to the step.
     ``step_time_s`` = compute + exposed collectives + exposed host offload (each direction of
     the full-duplex host link overlaps the forward and backward compute; priced at
     ``remat.HOST_LINK_BYTES_PER_S``), ``host_s`` (all offload time), ``bubble_s`` (pipeline:
@@ -436,6 +450,8 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
     FLOPs halved (MaxText's convention), ``hbm_bytes`` and ``fits`` (peak physical HBM <= the generation's HBM).
     Collective seconds come from the counters' own formula (vtpu::collective_seconds).
     """
+    mode = _overlap_mode(overlap)
+    overlap = mode != "none"
     specs = {g["generation"]: g for g in torch_tpu.runtime.generations()}
     stats = raw["stats"]
     chips = par.chips
@@ -479,7 +495,7 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
         d2h_s, h2d_s = (host["d2h_bytes"] * repeat / R.HOST_LINK_BYTES_PER_S[g],
                         host["h2d_bytes"] * repeat / R.HOST_LINK_BYTES_PER_S[g])
         events = raw.get("timeline")
-        if overlap and events is not None and not pipe:
+        if mode == "schedule" and events is not None and not pipe:
             # The overlap schedule (schedule.py): the step as XLA's schedule runs it, each transfer
             # on its resource beside the compute, exposed where its queue outlasts the compute.
             tr, sync = S.transfers_for(events, g, R.HOST_LINK_BYTES_PER_S[g])
@@ -488,9 +504,9 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
             step = sched["step_s"]
             exposed_ici, exposed_dcn, exposed_host = x["ici"], x["dcn"], x["d2h"] + x["h2d"]
         else:
-            # Pipelines (the measured in-flight microbatches stand for M of them), old reports without
-            # a timeline, or --no-overlap: tp / ep on the critical path, FSDP / DP collectives hidden up
-            # to the compute's length, each host direction up to the forward and backward compute.
+            # "hidden" (pipelines with "schedule" too: the measured in-flight microbatches stand for M of
+            # them) or "none": tp / ep on the critical path, FSDP / DP collectives hidden up to the
+            # compute's length, each host direction up to the forward and backward compute.
             exposed_other = max(0.0, other - compute) if overlap else other
             exposed_host = max(0.0, max(d2h_s, h2d_s) - (fwd_s + bwd_s)) if overlap else d2h_s + h2d_s
             step = compute + crit + exposed_other + exposed_host
@@ -542,7 +558,7 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
         "fused": raw.get("fused", False),
         "pipeline": pipe,
         "host_offload_bytes": host["d2h_bytes"] * repeat,
-        "overlap": overlap,
+        "overlap": mode,
         "by_generation": by_gen,
         "dry_run_wall_s": raw["wall_s"],
         "host_rss_growth_bytes": raw["rss_after_bytes"] - raw["rss_before_bytes"],
@@ -551,13 +567,13 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
 
 def estimate(model: str = "gpt-small", *, parallel: Parallelism | None = None, attention: str = "flash",
              remat: bool | str = False, save=(), offload=(), dtype: str = "bf16", loss_chunks: int | None = None,
-             overlap: bool = True, weight_dtype: str = "fp32", fuse: bool = False, **model_args) -> dict:
+             overlap: bool | str = True, weight_dtype: str = "fp32", fuse: bool = False, **model_args) -> dict:
     """Dry-run estimate of one training step of ``model`` (see :func:`model_spec`; keyword
     arguments go there: batch, seq_len, config_json, n_layers, ...) on this process's slice
     (``TORCH_TPU_TOPOLOGY``), chip 0's share under ``parallel`` (default: FSDP over every chip
     of the slice). ``remat`` / ``save`` / ``offload``: a MaxText remat policy and tensor names
     (:func:`run`); ``loss_chunks`` None: chunked by :func:`auto_loss_chunks`; ``weight_dtype``,
-    ``fuse``: see :func:`run`. Returns
+    ``fuse``: see :func:`run`; ``overlap``: see :func:`report`. Returns
     :func:`report`'s dict.
 
     HBM capacity is the runtime's (``TORCH_TPU_HBM_BYTES``); a share that does not fit it
@@ -570,6 +586,7 @@ def estimate(model: str = "gpt-small", *, parallel: Parallelism | None = None, a
         parallel = Parallelism(fsdp=topo["num_chips"])
     check_plan(spec, parallel, topo["num_chips"])
     R.resolve(remat, save, offload)
+    _overlap_mode(overlap)
     raw = run(spec, parallel, attention=attention, remat=remat, save=save, offload=offload, dtype=dtype,
               loss_chunks=loss_chunks, weight_dtype=weight_dtype, fuse=fuse)
     return report(spec, parallel, raw, topology=topo["name"], overlap=overlap)

@@ -397,27 +397,20 @@ def shard_model(model: nn.Module, coll: Collectives, compute_dtype: torch.dtype 
     return units
 
 
-def dp_grad_hooks(model: nn.Module, coll: Collectives) -> None:
+def price_dp_grads(model: nn.Module, coll: Collectives) -> None:
     """Pure data parallelism (fsdp = 1): one all-reduce of the gradients per layer bucket
-    (each unit of :func:`layer_modules`, then the rest), as DDP's buckets would, priced when the
-    bucket's gradients are ready in the backward (a hook on its parameters, so that the
-    schedule sees where each bucket's all-reduce is issued). Call once, after the parameters
-    are on the device."""
+    (each unit of :func:`layer_modules`, then the rest), as DDP's buckets would."""
     if coll.par.dp <= 1:
         return
-    seen: set[int] = set()
-    buckets = []
+    seen = set()
     for _, m in layer_modules(model):
-        ps = [p for p in m.parameters() if id(p) not in seen and p.requires_grad]
-        seen.update(id(p) for p in ps)
-        buckets.append(ps)
-    buckets.append([p for p in model.parameters() if id(p) not in seen and p.requires_grad])
-
-    def hook(grads):
-        b = sum(_nbytes(g) for g in grads if g is not None)
+        b = 0
+        for p in m.parameters():
+            if id(p) not in seen and p.grad is not None:
+                seen.add(id(p))
+                b += _nbytes(p.grad)
         if b:
             coll.price("all_reduce", "dp", b)
-
-    for ps in buckets:
-        if ps:
-            torch.autograd.graph.register_multi_grad_hook(ps, hook, mode="all")
+    rest = sum(_nbytes(p.grad) for p in model.parameters() if id(p) not in seen and p.grad is not None)
+    if rest:
+        coll.price("all_reduce", "dp", rest)

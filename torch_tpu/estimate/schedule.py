@@ -20,6 +20,8 @@ rule for every configuration:
   optimizer step (the *sync* position, end of the backward: the last layer's reduce-scatter and
   the DCN reduction behind it have no compute left to hide behind); a reload waits for its own
   offload (so a saturated host link shows up where the backward needs the last offloaded layers).
+  Pure data parallelism (fsdp 1): the dry run prices DDP's bucket all-reduces after the backward,
+  so the schedule exposes them whole (an upper bound; no published row runs pure DP).
 - **Blocking** transfers (tensor-parallel all-reduces, expert all-to-alls) are needed where they
   are issued, on the ICI queue shared with FSDP's.
 

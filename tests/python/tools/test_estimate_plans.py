@@ -181,12 +181,17 @@ def test_overlap_schedule_of_a_dry_run():
     assert len(ag) == raw["collectives"]["all_gather/fsdp"]["count"] and len(rs) == SMALL["n_layers"] + 2
     pos = [e["pos"]["v6e"] for e in ev]
     assert pos == sorted(pos) and [e["kind"] for e in ev][-1] == "sync"
-    r = report(spec, Parallelism(fsdp=n), raw, topology=torch.tpu.topology()["name"])
+    r = report(spec, Parallelism(fsdp=n), raw, topology=torch.tpu.topology()["name"], overlap="schedule")
+    assert r["overlap"] == "schedule"
     e = r["by_generation"]["v6e"]
     tr, sync = S.transfers_for(ev, "v6e", R.HOST_LINK_BYTES_PER_S["v6e"])
     assert e["step_time_s"] == pytest.approx(S.simulate(tr, e["compute_s"], sync)["step_s"])
     assert e["compute_s"] < e["step_time_s"] <= e["step_time_serial_s"]
     assert sum(e["breakdown_s"].values()) == pytest.approx(e["step_time_s"])
+    hidden = report(spec, Parallelism(fsdp=n), raw, topology=torch.tpu.topology()["name"])["by_generation"]["v6e"]
+    assert hidden["compute_s"] == e["compute_s"] and hidden["step_time_s"] <= e["step_time_s"]
+    with pytest.raises(ValueError, match="overlap must be one of hidden, schedule, none"):
+        report(spec, Parallelism(fsdp=n), raw, topology=torch.tpu.topology()["name"], overlap="bogus")
 
 
 def test_auto_loss_chunks_default():
@@ -287,6 +292,8 @@ def _no_exec(*a):
      "unknown remat policy 'sometimes'; valid: none, full, minimal"),
     (["--model", "llama3-8b", "--topology", "v6e-8", "--remat", "custom", "--offload", "qproj"],
      "unknown tensor name 'qproj'"),
+    (["--model", "llama3-8b", "--topology", "v6e-8", "--no-overlap", "--overlap", "schedule"],
+     "--no-overlap contradicts --overlap schedule"),
 ])
 def test_bad_plans_error_before_work(args, message, monkeypatch):
     monkeypatch.setattr(os, "execve", _no_exec)
