@@ -354,7 +354,15 @@ def _published(row):
 
 # Rows outside 15 % or not fitting today (docs/estimate.md says why); strict: fixing one makes
 # its test fail until it leaves this set.
-KNOWN_OFF = {"Llama 2 70B, v6e-256", "Llama 3.1 405B, 2 x v6e-256", "Llama 3.1 405B, tpu7x-512 (256 chips)"}
+# The layer-by-layer overlap schedule exposes under 0.05 s of their communication: the gap is compute.
+KNOWN_OFF = {
+    "Llama 2 70B, v6e-256": "0.84: 1.09 s of FSDP ICI and 1.79 s of offload hidden, each under the compute beside "
+    "it layer by layer (docs/estimate.md)",
+    "Llama 3.1 405B, 2 x v6e-256": "0.70: even with nothing hidden 0.90; matmuls at the MXU's padded peak "
+    "(docs/estimate.md)",
+    "Llama 3.1 405B, tpu7x-512 (256 chips)": "0.82: 27 s of offload at v6e's host-link figure, 107 ms per layer "
+    "against 166 ms of forward compute (docs/estimate.md)",
+}
 # Each row is a dry run of a 8 B - 405 B model (10-45 s); by default two run, all of them with
 # TORCH_TPU_ESTIMATE_PUBLISHED=1 (bench/estimate_published.py prints the same table).
 DEFAULT_ROWS = {"Llama 3.1 70B, v6e-64", "Llama 3.1 8B, v6e-8"}
@@ -363,7 +371,7 @@ DEFAULT_ROWS = {"Llama 3.1 70B, v6e-64", "Llama 3.1 8B, v6e-8"}
 def _marks(row):
     marks = []
     if row["name"] in KNOWN_OFF:
-        marks.append(pytest.mark.xfail(strict=True, reason="outside 15 % or not fitting today (docs/estimate.md)"))
+        marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_OFF[row["name"]]))
     if row["name"] not in DEFAULT_ROWS and os.environ.get("TORCH_TPU_ESTIMATE_PUBLISHED") != "1":
         marks.append(pytest.mark.skip(reason="set TORCH_TPU_ESTIMATE_PUBLISHED=1 to run every published row"))
     return marks
