@@ -6,9 +6,9 @@
 // device buffers. The caller does not wait. Operators whose results the host
 // needs now (non-tensor returns) or whose output shapes depend on data (no
 // meta kernel: nonzero, unique, masked_select, ...) synchronize and run at once.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/MemoryOverlap.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/addr_native.h>
 #include <ATen/ops/empty.h>
