@@ -84,53 +84,40 @@ def _randperm(n, dtype):
     return run, lambda d: (torch.empty(0, dtype=dtype, device=d),)
 
 
-def _overlap_cases():
-    def cat_expanded_out(y, x):
-        torch.cat([y, y], out=x)
-
-    def cat_into_its_input(w):
-        torch.cat([w[:2], w[2:4]], out=w[1:5])
-
-    def pow_partial_overlap(a):
-        torch.pow(a[1:6], 42, out=a[0:5])
-
-    return {
-        "cat_out_internal_overlap": (
-            cat_expanded_out,
-            lambda d: (torch.rand(3, 3, device=d), torch.rand(6, 3, device=d)),
-            lambda d: (torch.rand(3, 3, device=d), torch.rand(1, 3, device=d).expand(6, 3)),
-        ),
-        "cat_out_overlaps_input": (
-            cat_into_its_input,
-            lambda d: (torch.rand(10, device=d),),  # w[1:5] vs w[:2]: overlapping below
-            None,
-        ),
-        "pow_out_partial_overlap": (pow_partial_overlap, lambda d: (torch.ones(10, device=d),), None),
-    }
+def _cat_pair_out(y, x):
+    torch.cat([y, y], out=x)
 
 
-# Valid call first (its signature is learned, later ones are queued), then one that CPU rejects
-# from metadata or argument values the first call's signature did not tell apart.
+def _ten(d):
+    return (torch.rand(10, device=d),)
+
+
+# (valid call, call CPU rejects), each as (fn, make(device) -> args). The valid call comes first,
+# so its signature is learned and later calls are queued; the failing one differs from it only
+# in what a coarse signature would not tell apart: an integer just past a power of two, or how
+# an out= argument overlaps itself or an input (metadata no meta kernel checks).
 AFTER_VALID = {
     "randperm_uint8_n_257": (_randperm(256, torch.uint8), _randperm(257, torch.uint8)),
     "randperm_int16_n_2_15_plus_1": (_randperm(2**15, torch.int16), _randperm(2**15 + 1, torch.int16)),
     "randperm_half_n_2050": (_randperm(2049, torch.half), _randperm(2050, torch.half)),
+    "cat_out_internal_overlap": (
+        (_cat_pair_out, lambda d: (torch.rand(3, 3, device=d), torch.rand(6, 3, device=d))),
+        (_cat_pair_out, lambda d: (torch.rand(3, 3, device=d), torch.rand(1, 3, device=d).expand(6, 3))),
+    ),
+    "cat_out_overlaps_input": (
+        (lambda w: torch.cat([w[:2], w[2:4]], out=w[6:10]), _ten),  # same storage, disjoint
+        (lambda w: torch.cat([w[:2], w[2:4]], out=w[1:5]), _ten),
+    ),
+    "pow_out_partial_overlap": (
+        (lambda a: torch.pow(a[:5], 42, out=a[5:10]), _ten),
+        (lambda a: torch.pow(a[1:6], 42, out=a[0:5]), _ten),
+    ),
 }
 
 
-@pytest.mark.parametrize("name", list(AFTER_VALID) + list(_overlap_cases()))
+@pytest.mark.parametrize("name", list(AFTER_VALID))
 def test_error_raised_at_the_call_after_a_valid_call(name):
-    if name in AFTER_VALID:
-        (ok_fn, ok_make), (bad_fn, bad_make) = AFTER_VALID[name]
-    else:
-        fn, ok_make, bad_make = _overlap_cases()[name]
-        ok_fn = bad_fn = fn
-        if bad_make is None:  # the same tensors; the valid call writes a disjoint slice
-            ok_fn = {
-                "cat_out_overlaps_input": lambda w: torch.cat([w[:2], w[2:4]], out=w[6:10]),
-                "pow_out_partial_overlap": lambda a: torch.pow(a[:5], 42, out=a[5:10]),
-            }[name]
-            bad_make = ok_make
+    (ok_fn, ok_make), (bad_fn, bad_make) = AFTER_VALID[name]
     ok_fn(*ok_make("cpu"))
     cpu_type, cpu_msg = _cpu_error(bad_fn, *bad_make("cpu"))
     with torch_tpu.eager_mode("strict"):
