@@ -6,6 +6,7 @@
 // device buffers. The caller does not wait. Operators whose results the host
 // needs now (non-tensor returns) or whose output shapes depend on data (no
 // meta kernel: nonzero, unique, masked_select, ...) synchronize and run at once.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -17,6 +18,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -97,6 +99,8 @@ std::vector<QueuedArg> queue_args(const c10::OperatorHandle& handle, c10::ArrayR
   for (size_t i = 0; i < args.size(); ++i) {
     const IValue& v = args[i];
     QueuedArg& q = out[i];
+    const c10::AliasInfo* alias = alias_of(schema.arguments()[i]);
+    const bool written = alias && alias->isWrite();
     // Host tensors are snapshots: the caller may change them once we return.
     auto recipe = [](const at::Tensor& t) {
       if (!t.device().is_cpu()) return TensorRecipe::of(t);
@@ -106,13 +110,13 @@ std::vector<QueuedArg> queue_args(const c10::OperatorHandle& handle, c10::ArrayR
     };
     if (v.isTensor()) {
       const auto& t = v.toTensor();
-      check.tensor(t, false);
+      check.tensor(t, false, written);
       q.kind = QueuedArg::Kind::kTensor;
       q.tensors.push_back(t.defined() ? std::optional<TensorRecipe>(recipe(t)) : std::nullopt);
     } else if (v.isTensorList()) {
       q.kind = QueuedArg::Kind::kTensorList;
       for (const at::Tensor& t : v.toTensorList()) {
-        check.tensor(t, false);
+        check.tensor(t, false, written);
         q.tensors.push_back(recipe(t));
       }
     } else if (v.isOptionalTensorList()) {
@@ -164,7 +168,12 @@ class SignatureKey {
   void integer(int64_t v) {
     if (v >= -64 && v < 64) return add(static_cast<uint64_t>(v + 100));  // dims, dtypes, enums: exact
     const uint64_t m = v < 0 ? ~static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
-    add(1000 + (v < 0) * 100 + (64 - __builtin_clzll(m)));  // sign and the width it needs
+    const int w = 64 - __builtin_clzll(m);
+    add(1000 + (v < 0) * 100 + w);  // sign and the width it needs
+    // Range checks sit at powers of two, give or take one or two (randperm: n - 1 must fit
+    // the dtype, n <= 2^11 + 1 for half): values that close to one are told apart exactly.
+    const uint64_t above = m - (uint64_t{1} << (w - 1)), below = (uint64_t{1} << w) - m;
+    add(1100 + std::min<uint64_t>(above, 3) * 4 + std::min<uint64_t>(below, 3));
   }
   void real(double d) {
     int cls = std::isnan(d) ? 1 : std::isinf(d) ? (d > 0 ? 2 : 3) : d == 0 ? 4 : 5;
@@ -216,9 +225,53 @@ class SignatureKey {
   uint64_t h_;
 };
 
-uint64_t signature_key(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args) {
+// How a written (out= or in-place) argument overlaps itself and the op's other tensors, as
+// the CPU kernel's memory-overlap checks see it: metadata that no meta kernel checks. A
+// written tensor is compared with every other tensor argument; an element of a written list
+// with the same position of the other lists (foreach ops), to stay linear in the lists.
+void add_overlaps(SignatureKey& key, const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args) {
+  auto status = [](const at::Tensor& a, const at::Tensor& b) -> uint64_t {
+    if (!a.defined() || !b.defined() || !a.has_storage() || !b.has_storage()) return 0;
+    return 1 + static_cast<uint64_t>(at::get_overlap_status(a, b));
+  };
+  auto others = [&](size_t skip, size_t k, bool single, const at::Tensor& w) {
+    for (size_t j = 0; j < args.size(); ++j) {
+      if (j == skip) continue;
+      if (args[j].isTensor()) {
+        key.add(status(w, args[j].toTensor()));
+      } else if (args[j].isTensorList()) {
+        const auto list = args[j].toTensorList();
+        if (single) {
+          for (const at::Tensor& t : list) key.add(status(w, t));
+        } else if (k < list.size()) {
+          key.add(status(w, list.get(k)));
+        }
+      }
+    }
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::AliasInfo* alias = alias_of(schema.arguments()[i]);
+    if (!alias || !alias->isWrite()) continue;
+    if (args[i].isTensor()) {
+      const at::Tensor& w = args[i].toTensor();
+      if (!w.defined()) continue;
+      key.add(20000 + static_cast<uint64_t>(at::has_internal_overlap(w)));
+      others(i, 0, true, w);
+    } else if (args[i].isTensorList()) {
+      const auto list = args[i].toTensorList();
+      for (size_t k = 0; k < list.size(); ++k) {
+        const at::Tensor w = list.get(k);
+        key.add(20000 + static_cast<uint64_t>(at::has_internal_overlap(w)));
+        others(i, k, false, w);
+      }
+    }
+  }
+}
+
+uint64_t signature_key(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args, const OpInfo& info) {
   SignatureKey key(&op.schema());
   for (const IValue& v : args) key.value(v);
+  if (info.writes_args) add_overlaps(key, op.schema(), args);
   return key.hash();
 }
 
@@ -468,7 +521,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
         (exact_cpu_kernel || !info.matmul)) {
       out_op = info.out_variant;
     }
-    const uint64_t key = validate_first_calls() ? signature_key(op, args) : 0;
+    const uint64_t key = validate_first_calls() ? signature_key(op, args, info) : 0;
     const bool validate = validate_first_calls() && !validated_signatures.count(key);
     if (out_op) {
       enqueue_or_validate(stream, label, key, validate,
@@ -537,8 +590,26 @@ void check_args_defined(const c10::OperatorHandle& op, const torch::jit::Stack& 
   }
 }
 
+// TorchScript builds a Tensor?[] argument as a list whose element type is its own
+// Optional[Tensor] object, not the one eager lists carry, so isOptionalTensorList() is false
+// for it (CPU's unboxing accepts either). Rebuilt as the list every path here expects.
+void normalize_optional_tensor_lists(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  const size_t n = schema.arguments().size();
+  for (size_t i = 0; i < n; ++i) {
+    IValue& v = (*stack)[stack->size() - n + i];
+    if (!v.isList() || v.isOptionalTensorList() || v.isTensorList()) continue;
+    const auto* list_type = schema.arguments()[i].type()->castRaw<c10::ListType>();
+    const auto* elem = list_type ? list_type->getElementType()->castRaw<c10::OptionalType>() : nullptr;
+    if (!elem || elem->getElementType()->kind() != c10::TypeKind::TensorType) continue;
+    c10::List<std::optional<at::Tensor>> list;
+    for (const IValue& e : v.toListRef()) list.push_back(e.isNone() ? std::nullopt : std::optional(e.toTensor()));
+    v = IValue(std::move(list));
+  }
+}
+
 void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = op_info(op);
+  normalize_optional_tensor_lists(op.schema(), stack);
   TORCH_CHECK_NOT_IMPLEMENTED(!info.sparse, info.label,
                               ": sparse tensors are not supported on tpu (TPUs "
                               "have no sparse layouts); use dense tensors");

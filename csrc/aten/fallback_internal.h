@@ -17,7 +17,8 @@ namespace torch_tpu {
 class DeviceCheck {
  public:
   explicit DeviceCheck(const std::string& op) : op_(op) {}
-  void tensor(const at::Tensor& t, bool host_allowed) {
+  // `written`: an out= or in-place argument, which must be on the device even when 0-d.
+  void tensor(const at::Tensor& t, bool host_allowed, bool written = false) {
     if (!t.defined()) return;
     if (unsupported_on_tpu(t.scalar_type()) && !noted_) {
       note_unsupported(op_, t.scalar_type());
@@ -34,8 +35,8 @@ class DeviceCheck {
       }
       return;
     }
-    // Host scalars mix with device tensors, as with CUDA; index lists may be on the host.
-    if (t.device().is_cpu() && (t.dim() == 0 || host_allowed)) return;
+    // Host scalars mix with device tensors as inputs, as with CUDA; index lists may be on the host.
+    if (t.device().is_cpu() && !written && (t.dim() == 0 || host_allowed)) return;
     TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, tpu and ",
                 t.device(), "! (in ", op_, ": argument of shape ", t.sizes(), " and dtype ", t.scalar_type(), " is on ",
                 t.device(), ")");

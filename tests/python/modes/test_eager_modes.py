@@ -144,6 +144,7 @@ def test_dtype_changing_views_keep_their_dtype(mode):
 
 def test_strict_mode_error_is_sticky_then_cleared():
     x = torch.randn(5, 3, device="tpu")
+    x.index_select(0, torch.tensor([0, 1], device="tpu"))  # the signature's first call (synchronous)
     y = x.index_select(0, torch.tensor([0, 99], device="tpu"))  # queued: no error yet
     with pytest.raises(RuntimeError, match="index_select"):
         torch.tpu.synchronize()

@@ -75,3 +75,76 @@ def test_data_dependent_error_is_sticky_and_names_the_op():
         torch.manual_seed(0)
         torch.tpu.synchronize()
         torch.testing.assert_close((a + 1).cpu(), torch.arange(1, 7))
+
+
+def _randperm(n, dtype):
+    def run(out):
+        torch.randperm(n, out=out)
+
+    return run, lambda d: (torch.empty(0, dtype=dtype, device=d),)
+
+
+def _cat_pair_out(y, x):
+    torch.cat([y, y], out=x)
+
+
+def _ten(d):
+    return (torch.rand(10, device=d),)
+
+
+# (valid call, call CPU rejects), each as (fn, make(device) -> args). The valid call comes first,
+# so its signature is learned and later calls are queued; the failing one differs from it only
+# in what a coarse signature would not tell apart: an integer just past a power of two, or how
+# an out= argument overlaps itself or an input (metadata no meta kernel checks).
+AFTER_VALID = {
+    "randperm_uint8_n_257": (_randperm(256, torch.uint8), _randperm(257, torch.uint8)),
+    "randperm_int16_n_2_15_plus_1": (_randperm(2**15, torch.int16), _randperm(2**15 + 1, torch.int16)),
+    "randperm_half_n_2050": (_randperm(2049, torch.half), _randperm(2050, torch.half)),
+    "cat_out_internal_overlap": (
+        (_cat_pair_out, lambda d: (torch.rand(3, 3, device=d), torch.rand(6, 3, device=d))),
+        (_cat_pair_out, lambda d: (torch.rand(3, 3, device=d), torch.rand(1, 3, device=d).expand(6, 3))),
+    ),
+    "cat_out_overlaps_input": (
+        (lambda w: torch.cat([w[:2], w[2:4]], out=w[6:10]), _ten),  # same storage, disjoint
+        (lambda w: torch.cat([w[:2], w[2:4]], out=w[1:5]), _ten),
+    ),
+    "pow_out_partial_overlap": (
+        (lambda a: torch.pow(a[:5], 42, out=a[5:10]), _ten),
+        (lambda a: torch.pow(a[1:6], 42, out=a[0:5]), _ten),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(AFTER_VALID))
+def test_error_raised_at_the_call_after_a_valid_call(name):
+    (ok_fn, ok_make), (bad_fn, bad_make) = AFTER_VALID[name]
+    ok_fn(*ok_make("cpu"))
+    cpu_type, cpu_msg = _cpu_error(bad_fn, *bad_make("cpu"))
+    with torch_tpu.eager_mode("strict"):
+        ok_fn(*ok_make("tpu"))
+        torch.tpu.synchronize()
+        args = bad_make("tpu")
+        with pytest.raises(cpu_type, match=re.escape(cpu_msg)):
+            bad_fn(*args)
+        torch.tpu.synchronize()  # nothing was left behind to surface later
+        torch.testing.assert_close((torch.ones(3, device="tpu") * 2).cpu(), torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: torch.nonzero(t, out=torch.empty([], dtype=torch.long)),
+        lambda t: torch.add(t, t, out=torch.empty([], dtype=torch.long)),
+        lambda t: torch.nonzero(t, out=torch.empty(0, dtype=torch.long)),
+    ],
+    ids=["nonzero_0d", "add_0d", "nonzero_1d"],
+)
+def test_host_out_tensor_raises_the_device_error(fn, mode):
+    # A 0-d host tensor mixes with tpu tensors as an input (a scalar), never as a result.
+    with torch_tpu.eager_mode(mode):
+        t = torch.tensor([0, 1, 1, 0, 1], device="tpu")
+        with pytest.raises(RuntimeError, match=r"on the same device.*tpu.*cpu.*aten::(nonzero|add)"):
+            fn(t)
+        torch.tpu.synchronize()
+        torch.testing.assert_close(torch.nonzero(t).cpu(), torch.tensor([[1], [2], [4]]))

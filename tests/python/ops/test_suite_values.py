@@ -82,3 +82,17 @@ def test_quantized_empty_raises_not_implemented_at_the_call():
     with pytest.raises(NotImplementedError, match="quantized tensors are not supported on tpu"):
         torch._empty_affine_quantized([2, 3], scale=0.1, zero_point=0, dtype=torch.quint8, device="tpu")
     torch.testing.assert_close((torch.ones(2, device="tpu") * 3).cpu(), torch.full((2,), 3.0))
+
+
+def test_torchscript_masked_setitem():
+    # TorchScript builds the index list as a Tensor?[] of its own type object (not the one
+    # eager mode's lists carry); the fallback must still see the mask as a tpu index.
+    def fn(x):
+        x[x < 50] = 1.0
+        return x
+
+    scripted = torch.jit.script(fn)
+    want = fn(torch.arange(100.0))
+    torch.testing.assert_close(scripted(torch.arange(100.0, device="tpu")).cpu(), want)
+    with torch_tpu.eager_mode("debug"):
+        torch.testing.assert_close(scripted(torch.arange(100.0, device="tpu")).cpu(), want)
