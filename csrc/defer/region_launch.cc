@@ -222,11 +222,14 @@ RegionLaunch plan_region_launch(const ir::Graph& g, bool* miss, bool parts) {
       }
     }
   }
+  int64_t work = 0;  // elements the region's ops compute: small regions skip the parts analysis
   if (parts && threads > 1 && split_elements() > 0) {
+    for (const ir::Op& op : g.ops())
+      if (op.kind != ir::OpKind::kParameter && op.kind != ir::OpKind::kConstant) work += op.type.numel();
+  }
+  if (work >= split_elements() && work > 0) {
     std::vector<GraphPart> gp = independent_parts(g);
-    int64_t work = 0;
-    for (const auto& p : gp) work += p.work;
-    if (work >= split_elements()) {
+    if (!gp.empty()) {
       auto launches = std::make_shared<std::vector<RegionLaunchPart>>(gp.size());
       for (size_t i = 0; i < gp.size(); ++i) {
         bool part_miss = false;
