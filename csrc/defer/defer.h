@@ -62,6 +62,7 @@ struct DeferStats {
   uint64_t cache_hits = 0;            // compile-cache hits
   uint64_t kernels_launched = 0;      // fused kernels queued
   uint64_t regions_split = 0;         // regions run in cache-sized row chunks (over the host threads)
+  uint64_t regions_in_parts = 0;      // regions run as independent parts over the host threads
   uint64_t single_op_regions = 0;     // regions of one op, run with ATen's kernel
   uint64_t outputs_materialized = 0;  // region results given HBM
   uint64_t outputs_dead = 0;          // region results nobody held at the flush

@@ -345,7 +345,7 @@ void flush_locked(ChipState& cs, Reason why) {
         ctx->graph.set_outputs(values);
       }
       try {
-        launch = plan_region_launch(ctx->graph, &miss);
+        launch = plan_region_launch(ctx->graph, &miss, /*parts=*/true);
       } catch (const std::exception& e) {
         compile_error = ctx->describe(e.what());
       }
@@ -465,6 +465,7 @@ void flush_locked(ChipState& cs, Reason why) {
         (miss ? s.regions_compiled : s.cache_hits) += 1;
         s.kernels_launched += static_cast<uint64_t>(launch.region->num_kernels());
         if (launch.split()) ++s.regions_split;
+        if (launch.parts) ++s.regions_in_parts;
       }
     }
   });

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -122,9 +123,77 @@ std::shared_ptr<const exec::CompiledRegion> compile_cached(const ir::Graph& g, b
   return r;
 }
 
+// The independent parts of `g`: per part, the subgraph of the ops its outputs
+// need (parameters and constants are copied into every part that reads
+// them), with the whole graph's parameter and output indices. Empty when `g`
+// is one part.
+struct GraphPart {
+  ir::Graph graph;
+  std::vector<int> inputs, outputs;
+  int64_t work = 0;
+};
+
+std::vector<GraphPart> independent_parts(const ir::Graph& g) {
+  const size_t n = static_cast<size_t>(g.num_ops());
+  std::vector<ValueId> root(n);
+  for (size_t v = 0; v < n; ++v) root[v] = static_cast<ValueId>(v);
+  auto find = [&](ValueId v) {
+    while (root[v] != v) v = root[v] = root[root[v]];
+    return v;
+  };
+  auto shared = [&](ValueId v) {
+    const ir::OpKind k = g.op(v).kind;
+    return k == ir::OpKind::kParameter || k == ir::OpKind::kConstant;
+  };
+  for (ValueId v = 0; v < g.num_ops(); ++v) {
+    if (shared(v)) continue;
+    for (ValueId u : g.op(v).operands)
+      if (!shared(u)) root[find(u)] = find(v);
+  }
+  // Parts in the order of their first output.
+  std::vector<ValueId> part_roots;
+  std::vector<int> part_of_output;
+  for (ValueId o : g.outputs()) {
+    const ValueId r = find(o);
+    auto it = std::find(part_roots.begin(), part_roots.end(), r);
+    part_of_output.push_back(static_cast<int>(it - part_roots.begin()));
+    if (it == part_roots.end()) part_roots.push_back(r);
+  }
+  std::vector<GraphPart> parts;
+  if (part_roots.size() < 2) return parts;
+  parts.resize(part_roots.size());
+  for (size_t p = 0; p < parts.size(); ++p) {
+    GraphPart& part = parts[p];
+    std::vector<char> live(n, 0);
+    for (size_t j = 0; j < g.outputs().size(); ++j)
+      if (part_of_output[j] == static_cast<int>(p)) live[g.outputs()[j]] = 1;
+    for (ValueId v = g.num_ops() - 1; v >= 0; --v)
+      if (live[v])
+        for (ValueId u : g.op(v).operands) live[u] = 1;
+    std::vector<ValueId> remap(n, -1);
+    for (ValueId v = 0; v < g.num_ops(); ++v) {
+      if (!live[v]) continue;
+      const ir::Op& op = g.op(v);
+      std::vector<ValueId> operands;
+      for (ValueId u : op.operands) operands.push_back(remap[u]);
+      if (op.kind == ir::OpKind::kParameter) part.inputs.push_back(static_cast<int>(op.attrs.parameter_index));
+      if (!shared(v)) part.work += op.type.numel();
+      remap[v] = part.graph.add_op(op.kind, std::move(operands), op.type, op.attrs);
+    }
+    std::vector<ValueId> outs;
+    for (size_t j = 0; j < g.outputs().size(); ++j) {
+      if (part_of_output[j] != static_cast<int>(p)) continue;
+      outs.push_back(remap[g.outputs()[j]]);
+      part.outputs.push_back(static_cast<int>(j));
+    }
+    part.graph.set_outputs(outs);
+  }
+  return parts;
+}
+
 }  // namespace
 
-RegionLaunch plan_region_launch(const ir::Graph& g, bool* miss) {
+RegionLaunch plan_region_launch(const ir::Graph& g, bool* miss, bool parts) {
   RegionLaunch l;
   for (ValueId p : g.parameters()) l.input_types.push_back(g.type(p));
   for (ValueId o : g.outputs()) l.output_types.push_back(g.type(o));
@@ -153,32 +222,98 @@ RegionLaunch plan_region_launch(const ir::Graph& g, bool* miss) {
       }
     }
   }
-  l.region = compile_cached(g, miss);
+  int64_t work = 0;  // elements the region's ops compute: small regions skip the parts analysis
+  if (parts && threads > 1 && split_elements() > 0) {
+    for (const ir::Op& op : g.ops())
+      if (op.kind != ir::OpKind::kParameter && op.kind != ir::OpKind::kConstant) work += op.type.numel();
+  }
+  if (work >= split_elements() && work > 0) {
+    std::vector<GraphPart> gp = independent_parts(g);
+    if (!gp.empty()) {
+      auto launches = std::make_shared<std::vector<RegionLaunchPart>>(gp.size());
+      for (size_t i = 0; i < gp.size(); ++i) {
+        bool part_miss = false;
+        RegionLaunchPart& p = (*launches)[i];
+        p.launch = plan_region_launch(gp[i].graph, &part_miss);
+        p.inputs = std::move(gp[i].inputs);
+        p.outputs = std::move(gp[i].outputs);
+        p.work = gp[i].work;
+        *miss = *miss || part_miss;
+      }
+      l.parts = std::move(launches);
+    }
+  }
+  bool whole_miss = false;
+  l.region = compile_cached(g, &whole_miss);
+  *miss = *miss || whole_miss;
   return l;
 }
 
+namespace {
+
+// Chunk k of a split launch (the whole launch when it is not split).
+void run_chunk(const RegionLaunch& l, int64_t k, const std::vector<exec::Buffer>& in,
+               const std::vector<exec::Buffer>& out) {
+  if (!l.split()) {
+    exec::run(*l.region, in, out);
+    return;
+  }
+  const int64_t start = k * l.rows;
+  const int64_t rows = std::min(l.rows, l.n - start);
+  auto slice = [&](const exec::Buffer& b, int d) {
+    exec::Buffer c = b;
+    c.strides = b.effective_strides();
+    c.data = static_cast<char*>(b.data) + start * c.strides[d] * ir::element_size(b.dtype);
+    c.shape[d] = rows;
+    return c;
+  };
+  std::vector<exec::Buffer> ci, co;
+  for (size_t i = 0; i < in.size(); ++i) ci.push_back(l.param_dim[i] < 0 ? in[i] : slice(in[i], l.param_dim[i]));
+  for (const auto& b : out) co.push_back(slice(b, 0));
+  exec::run(rows == l.rows ? *l.region : *l.last, ci, co);
+}
+
+// The parts of a launch and their chunks as tasks, largest first, taken by
+// the intra-op threads one at a time.
+void run_parts(const std::vector<RegionLaunchPart>& parts, const std::vector<exec::Buffer>& in,
+               const std::vector<exec::Buffer>& out) {
+  std::vector<std::vector<exec::Buffer>> ins(parts.size()), outs(parts.size());
+  struct Task {
+    size_t part;
+    int64_t chunk, work;
+  };
+  std::vector<Task> tasks;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    for (int i : parts[p].inputs) ins[p].push_back(in[static_cast<size_t>(i)]);
+    for (int j : parts[p].outputs) outs[p].push_back(out[static_cast<size_t>(j)]);
+    const RegionLaunch& l = parts[p].launch;
+    for (int64_t k = 0; k < l.chunks; ++k) tasks.push_back(Task{p, k, parts[p].work / l.chunks});
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.work > b.work; });
+  std::atomic<size_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tasks.size()));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (size_t k; (k = next.fetch_add(1)) < tasks.size();) {
+      const Task& t = tasks[k];
+      run_chunk(parts[t.part].launch, t.chunk, ins[t.part], outs[t.part]);
+    }
+  });
+}
+
+}  // namespace
+
 void run_region_launch(const RegionLaunch& l, const std::vector<exec::Buffer>& in,
                        const std::vector<exec::Buffer>& out) {
+  if (l.parts) {
+    run_parts(*l.parts, in, out);
+    return;
+  }
   if (!l.split()) {
     exec::run(*l.region, in, out);
     return;
   }
   at::parallel_for(0, l.chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      const int64_t start = k * l.rows;
-      const int64_t rows = std::min(l.rows, l.n - start);
-      auto slice = [&](const exec::Buffer& b, int d) {
-        exec::Buffer c = b;
-        c.strides = b.effective_strides();
-        c.data = static_cast<char*>(b.data) + start * c.strides[d] * ir::element_size(b.dtype);
-        c.shape[d] = rows;
-        return c;
-      };
-      std::vector<exec::Buffer> ci, co;
-      for (size_t i = 0; i < in.size(); ++i) ci.push_back(l.param_dim[i] < 0 ? in[i] : slice(in[i], l.param_dim[i]));
-      for (const auto& b : out) co.push_back(slice(b, 0));
-      exec::run(rows == l.rows ? *l.region : *l.last, ci, co);
-    }
+    for (int64_t k = begin; k < end; ++k) run_chunk(l, k, in, out);
   });
 }
 

@@ -23,20 +23,37 @@ namespace torch_tpu {
 // leading dimension of its results into cache-sized chunks that run on the
 // intra-op threads (the executor runs a region on the calling thread; a TPU's
 // TensorCores work on the whole array at once).
+struct RegionLaunchPart;
+
 struct RegionLaunch {
   std::shared_ptr<const exec::CompiledRegion> region;  // whole, or a chunk of `rows` rows
   std::shared_ptr<const exec::CompiledRegion> last;    // the last chunk, when shorter
   int64_t n = 0, rows = 0, chunks = 1;
   std::vector<int> param_dim;                             // per parameter: the dimension chunked, or -1 (read whole)
   std::vector<ir::TensorType> input_types, output_types;  // of the whole region
+  // Independent parts (connected components) of a region that cannot be split
+  // whole (results of different lengths: an activation's gradient next to a
+  // weight's): each part is planned on its own (and split when it can), and
+  // the parts and their chunks run as tasks over the intra-op threads.
+  // `region` is then the whole region, for pricing and introspection only.
+  std::shared_ptr<const std::vector<RegionLaunchPart>> parts;
   bool split() const { return chunks > 1; }
+};
+
+struct RegionLaunchPart {
+  RegionLaunch launch;
+  std::vector<int> inputs, outputs;  // the whole region's parameter / output index of each of the part's
+  int64_t work = 0;                  // elements its ops compute (the task scheduler's cost)
 };
 
 // The compiled form of `g` (CompileCache::global()): whole, or in chunks when
 // its results are large (TORCH_TPU_DEFER_SPLIT_ELEMENTS) and the host has
 // threads to spare. *miss: whether anything was compiled (not cached).
 // Throws std::invalid_argument naming the op when the graph is malformed.
-RegionLaunch plan_region_launch(const ir::Graph& g, bool* miss);
+// With `parts`, a large region that cannot be split whole runs as independent
+// parts (RegionLaunch::parts); only for regions whose outputs never alias
+// their inputs (defer_and_fuse's: fresh results, in-place writes to temporaries).
+RegionLaunch plan_region_launch(const ir::Graph& g, bool* miss, bool parts = false);
 
 // Runs the launch on the calling thread (chunks on the intra-op threads).
 void run_region_launch(const RegionLaunch& l, const std::vector<exec::Buffer>& in,

@@ -29,7 +29,10 @@ def region_stats() -> dict[str, int | dict[str, int]]:
       the process-wide cache holds.
     * ``kernels_launched``: fused kernels queued; ``regions_split``: regions whose
       kernels ran in cache-sized row chunks, spread over the host threads (results of at least
-      ``TORCH_TPU_DEFER_SPLIT_ELEMENTS`` elements); ``single_op_regions``:
+      ``TORCH_TPU_DEFER_SPLIT_ELEMENTS`` elements); ``regions_in_parts``: regions
+      that could not be split whole (results of different lengths) and ran as
+      independent parts, each split when it can, over the host threads;
+      ``single_op_regions``:
       regions of one op, run with ATen's kernel for it instead of a compiled one.
     * ``outputs_materialized`` / ``outputs_dead``: region results given HBM at
       the flush / dropped because nothing but the region held them.

@@ -221,6 +221,37 @@ def test_large_regions_run_in_chunks(rows, defer):
         assert stats()["regions_split"] == 1
 
 
+def test_region_of_independent_parts_runs_them_over_the_threads(defer):
+    # A backward-like region: an activation's gradient [rows, 512] next to a
+    # weight's cast [300, 1000] and a bias gradient (a sum over the rows): the
+    # results differ in length, so the region cannot be split whole; its three
+    # independent parts run as tasks on the intra-op threads (the large one in
+    # row chunks).
+    g = torch.Generator().manual_seed(0)
+    x, dy = torch.randn(1024, 512, generator=g), torch.randn(1024, 512, generator=g)
+    w, b = torch.randn(300, 1000, generator=g), torch.randn(333, generator=g)
+
+    def f(x, dy, w, b):
+        dx = dy * torch.sigmoid(x) * (1 + x * (1 - torch.sigmoid(x)))
+        wg = (w * 0.5).to(torch.bfloat16)
+        bg = (dy * 2).sum(0)
+        return dx, wg, bg, b.exp()
+
+    got = [t.cpu() for t in f(*(t.tpu() for t in (x, dy, w, b)))]
+    s = stats()
+    assert s["regions_run"] == 1, s
+    if torch.get_num_threads() > 1:
+        assert s["regions_in_parts"] == 1, s
+    ref = f(x, dy, w, b)
+    for i in (0, 1, 3):
+        torch.testing.assert_close(got[i], ref[i])
+    # The sum over 1024 rows: the executor's summation order (not ATen's), so bit for bit the
+    # same reduction run alone, and CPU's within the rounding of 1024 terms.
+    alone = (dy.tpu() * 2).sum(0).cpu()
+    assert torch.equal(got[2], alone)
+    torch.testing.assert_close(got[2], ref[2], rtol=1e-4, atol=5e-4)
+
+
 # ---------------------------------------------------------------- aliasing
 
 
