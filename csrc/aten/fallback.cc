@@ -237,15 +237,18 @@ bool validate_first_calls() { return validate_flag().load(std::memory_order_rela
 
 // Queues `work` on `stream`; a signature not yet seen on this thread runs now
 // (on the stream, waited for) and its failure is raised here with the CPU
-// kernel's own exception type and message.
+// kernel's own exception type and message. `fresh_bytes`: HBM bytes of the
+// results allocated for it (bounds host run-ahead, vtpu::Stream::enqueue_named).
 void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_t key, bool validate,
-                         std::function<void()> work) {
+                         uint64_t fresh_bytes, std::function<void()> work) {
   std::vector<std::string> known = last_meta_warnings();
   if (!validate) {
-    stream.enqueue_named(label.c_str(),
-                         [work = std::move(work), known = std::move(known), issuer = std::this_thread::get_id()] {
-                           queue_warnings(issuer, run_collecting_warnings(work, known));
-                         });
+    stream.enqueue_named(
+        label.c_str(),
+        [work = std::move(work), known = std::move(known), issuer = std::this_thread::get_id()] {
+          queue_warnings(issuer, run_collecting_warnings(work, known));
+        },
+        fresh_bytes);
     return;
   }
   struct Outcome {
@@ -470,8 +473,10 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     }
     const uint64_t key = validate_first_calls() ? signature_key(op, args) : 0;
     const bool validate = validate_first_calls() && !validated_signatures.count(key);
+    uint64_t fresh_bytes = 0;
+    for (const auto& r : fresh) fresh_bytes += r.storage.nbytes();
     if (out_op) {
-      enqueue_or_validate(stream, label, key, validate,
+      enqueue_or_validate(stream, label, key, validate, fresh_bytes,
                           [op = *out_op, queued = std::move(queued), fresh = std::move(fresh)] {
                             AliasBuilder host(c10::kCPU);
                             auto cpu = build_stack(queued, host);
@@ -483,7 +488,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       for (auto& v : results) stack->push_back(std::move(v));
       return;
     }
-    enqueue_or_validate(stream, label, key, validate,
+    enqueue_or_validate(stream, label, key, validate, fresh_bytes,
                         [op, queued = std::move(queued), fresh = std::move(fresh), fresh_slot = std::move(fresh_slot),
                          precision, philox] {
                           AliasBuilder host(c10::kCPU);
