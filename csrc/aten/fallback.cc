@@ -368,6 +368,15 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
     const at::Tensor& t = out.toTensor();
     return t.defined() && t.numel() > 0 && (t.dim() != 1 || !t.is_contiguous());
   }
+  if (info.meta_check == OpInfo::MetaCheck::kLayerNormDtype) {  // input, normalized_shape, weight, bias, eps
+    if (dry_run()) return false;  // no CPU results to take shapes from
+    const at::ScalarType dtype = arg(0).toTensor().scalar_type();
+    if (dtype != at::kFloat && dtype != at::kDouble) return true;
+    for (size_t i : {2, 3}) {
+      if (arg(i).isTensor() && arg(i).toTensor().defined() && arg(i).toTensor().scalar_type() != dtype) return true;
+    }
+    return false;
+  }
   for (size_t i = 0; i < n; ++i) {  // kEmptyDims
     if (schema.arguments()[i].name() == "dim" && arg(i).isIntList() && arg(i).toIntList().empty()) return true;
   }
@@ -468,8 +477,8 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     const bool exact_cpu_kernel =
         precision == at::Float32MatmulPrecision::HIGHEST && at::globalContext().float32MatmulPrecision() == precision;
     if (!philox && !fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
-        (exact_cpu_kernel || !info.matmul)) {
-      out_op = info.out_variant;
+        (exact_cpu_kernel || !info.matmul) && info.meta_check != OpInfo::MetaCheck::kLayerNormDtype) {
+      out_op = info.out_variant;  // (native_layer_norm.out is a generated wrapper that copies: not it)
     }
     const uint64_t key = validate_first_calls() ? signature_key(op, args) : 0;
     const bool validate = validate_first_calls() && !validated_signatures.count(key);
@@ -488,12 +497,14 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       for (auto& v : results) stack->push_back(std::move(v));
       return;
     }
+    const bool layer_norm = info.meta_check == OpInfo::MetaCheck::kLayerNormDtype;
     enqueue_or_validate(stream, label, key, validate, fresh_bytes,
                         [op, queued = std::move(queued), fresh = std::move(fresh), fresh_slot = std::move(fresh_slot),
-                         precision, philox] {
+                         precision, philox, layer_norm] {
                           AliasBuilder host(c10::kCPU);
                           auto cpu = build_stack(queued, host);
                           at::AutoDispatchBelowADInplaceOrView below_autograd;
+                          if (layer_norm && layer_norm_into_hbm(cpu, fresh, host)) return;
                           call_host_kernel(op, &cpu, precision, philox);
                           for (size_t i = 0; i < fresh.size(); ++i) {
                             auto [r, k] = fresh_slot[i];
