@@ -243,8 +243,8 @@ void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_
                          uint64_t fresh_bytes, std::function<void()> work) {
   std::vector<std::string> known = last_meta_warnings();
   if (!validate) {
-    stream.enqueue_named(
-        label.c_str(),
+    enqueue_sized(
+        stream, label.c_str(),
         [work = std::move(work), known = std::move(known), issuer = std::this_thread::get_id()] {
           queue_warnings(issuer, run_collecting_warnings(work, known));
         },
@@ -369,7 +369,7 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
     return t.defined() && t.numel() > 0 && (t.dim() != 1 || !t.is_contiguous());
   }
   if (info.meta_check == OpInfo::MetaCheck::kLayerNormDtype) {  // input, normalized_shape, weight, bias, eps
-    if (dry_run()) return false;  // no CPU results to take shapes from
+    if (dry_run()) return false;                                // no CPU results to take shapes from
     const at::ScalarType dtype = arg(0).toTensor().scalar_type();
     if (dtype != at::kFloat && dtype != at::kDouble) return true;
     for (size_t i : {2, 3}) {

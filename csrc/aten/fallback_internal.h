@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "aten/portability.h"
-#include "runtime/host_alias.h"
 #include "runtime/device.h"
+#include "runtime/host_alias.h"
 
 namespace torch_tpu {
 

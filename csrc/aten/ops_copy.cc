@@ -24,8 +24,8 @@ bool is_pinned(const at::Tensor& t) {
 // it writes: clone/contiguous copy into a fresh buffer; see Stream::enqueue_named).
 void enqueue_copy(vtpu::Stream& stream, TensorRecipe dst, TensorRecipe src) {
   const uint64_t written = dst.storage.nbytes();
-  stream.enqueue_named(
-      "aten::copy_",
+  enqueue_sized(
+      stream, "aten::copy_",
       [dst = std::move(dst), src = std::move(src)] {
         AliasBuilder host(c10::kCPU);
         auto d = host.alias(dst);

@@ -51,6 +51,24 @@ uint64_t Stream::run_ahead_bytes() {
   return bytes;
 }
 
+bool Stream::run_ahead_exceeded(uint64_t fresh_bytes) const {
+  const uint64_t limit = run_ahead_bytes();
+  if (limit == 0 || fresh_bytes == 0 || fresh_bytes == kUnsized) return false;
+  if (unsized_items_.load(std::memory_order_relaxed) > 0 || sized_items_.load(std::memory_order_relaxed) < 2 ||
+      sized_bytes_.load(std::memory_order_relaxed) + fresh_bytes <= limit) {
+    return false;
+  }
+  return !on_worker_thread();
+}
+
+void Stream::wait_run_ahead(uint64_t fresh_bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (run_ahead_exceeded(fresh_bytes)) {
+    run_ahead_waiter_ = true;
+    caught_up_cv_.wait(lock);
+  }
+}
+
 void Stream::push(Item item) {
   if (const trace::Hooks* h = trace::hooks()) {
     item.trace = h->enqueue(chip_, id_, item.name ? item.name : item.owned_name.c_str());
@@ -65,16 +83,6 @@ void Stream::push(Item item) {
     if (item.fresh_bytes == kUnsized) {
       ++unsized_items_;
     } else if (item.fresh_bytes > 0) {
-      const uint64_t limit = run_ahead_bytes();
-      auto caught_up = [&] {
-        return unsized_items_ > 0 || sized_items_ < 2 || sized_bytes_ + item.fresh_bytes <= limit;
-      };
-      if (limit > 0 && !on_worker_thread()) {
-        while (!caught_up()) {
-          run_ahead_waiter_ = true;
-          caught_up_cv_.wait(lock);
-        }
-      }
       ++sized_items_;
       sized_bytes_ += item.fresh_bytes;
     }

@@ -52,17 +52,20 @@ class Stream {
   static void set_error_formatter(ErrorFormatter formatter);
   // Same, for a name that outlives the work (no copy on the hot path).
   // `fresh_bytes` (kUnsized: work that may wait on other streams' events) is
-  // the bytes of newly allocated results the work writes. Host
-  // run-ahead gains nothing once queued kernels are large, and every queued op
-  // keeps another result buffer alive, which the kernel then writes cold
-  // (CPU eager reuses the one just freed, still in cache). So when two or
-  // more such items are pending and their fresh bytes plus these exceed
-  // run_ahead_bytes(), the caller waits for the worker to catch up. Only
-  // while no kUnsized item is pending, never on the worker thread; order and
-  // errors are unchanged.
+  // the bytes of newly allocated results the work writes, counted while the
+  // item is queued or running (see wait_run_ahead).
   static constexpr uint64_t kUnsized = UINT64_MAX;
   void enqueue_named(const char* static_op_name, std::function<void()> work, uint64_t fresh_bytes = kUnsized);
-  // The run-ahead bound of enqueue_named: TORCH_TPU_RUN_AHEAD_BYTES (a byte
+  // Host run-ahead gains nothing once queued kernels are large, and every
+  // queued op keeps another result buffer alive, which its kernel then writes
+  // cold (CPU eager reuses the one just freed, still in cache). So before
+  // queuing sized work, callers wait while run_ahead_exceeded(): two or more
+  // sized items pending, their fresh bytes plus these over run_ahead_bytes(),
+  // and no kUnsized item pending. Never true on the worker thread. Callers
+  // wait through their blocking runner (the GIL: queued Python kernels).
+  bool run_ahead_exceeded(uint64_t fresh_bytes) const;
+  void wait_run_ahead(uint64_t fresh_bytes);
+  // The run-ahead bound: TORCH_TPU_RUN_AHEAD_BYTES (a byte
   // count; 0 turns the bound off), default kRunAheadBytes.
   static uint64_t run_ahead_bytes();
   // Blocks until all queued work has run; throws AsyncError if any failed
@@ -104,7 +107,8 @@ class Stream {
   bool busy_ = false;
   // Queued or running items with fresh_bytes > 0: their count and bytes; and
   // the count of kUnsized ones (guarded by mu_).
-  uint64_t sized_items_ = 0, sized_bytes_ = 0, unsized_items_ = 0;
+  // Written under mu_; read without it by run_ahead_exceeded().
+  std::atomic<uint64_t> sized_items_{0}, sized_bytes_{0}, unsized_items_{0};
   bool run_ahead_waiter_ = false;
   std::condition_variable caught_up_cv_;
   double busy_seconds_ = 0;

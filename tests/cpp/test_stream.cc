@@ -231,8 +231,9 @@ TEST(StreamBackpressure, EnqueueBlocksWhenQueueIsFullAndResumes) {
 }
 
 // Sized work (fresh result bytes): a third item over the run-ahead bound waits until the worker
-// has finished one; with an unsized item pending (it may wait on another stream) nothing waits.
-TEST(StreamRunAhead, WaitsForTheWorkerOnceTwoSizedItemsExceedTheBound) {
+// has finished one; with an unsized item pending (it may wait on another stream), or on the
+// worker thread, nothing waits.
+TEST(StreamRunAhead, ExceededOnceTwoSizedItemsPassTheBound) {
   ASSERT_EQ(vtpu::Stream::run_ahead_bytes(), vtpu::Stream::kRunAheadBytes);  // TORCH_TPU_RUN_AHEAD_BYTES unset
   vtpu::Stream stream(0, 8);
   const uint64_t big = vtpu::Stream::kRunAheadBytes;  // each item alone fills the bound
@@ -243,10 +244,16 @@ TEST(StreamRunAhead, WaitsForTheWorkerOnceTwoSizedItemsExceedTheBound) {
     ran.fetch_add(1);
   };
   stream.enqueue_named("sized", gated, big);
-  stream.enqueue_named("sized", [&ran] { ran.fetch_add(1); }, big);  // one pending item may always join
+  stream.enqueue_named(
+      "sized", [&ran] { ran.fetch_add(1); }, big);  // one pending item may always join
   std::atomic<bool> third_queued{false};
+  EXPECT_TRUE(stream.run_ahead_exceeded(big));
+  EXPECT_FALSE(stream.run_ahead_exceeded(0));  // unsized or empty results never wait
+  EXPECT_FALSE(stream.run_ahead_exceeded(vtpu::Stream::kUnsized));
   std::thread producer([&] {
-    stream.enqueue_named("sized", [&ran] { ran.fetch_add(1); }, big);
+    stream.wait_run_ahead(big);
+    stream.enqueue_named(
+        "sized", [&ran] { ran.fetch_add(1); }, big);
     third_queued = true;
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -261,7 +268,11 @@ TEST(StreamRunAhead, WaitsForTheWorkerOnceTwoSizedItemsExceedTheBound) {
   // Small sized items never wait while their bytes stay under the bound.
   release = false;
   stream.enqueue_named("sized", gated, 1024);
-  for (int i = 0; i < 100; ++i) stream.enqueue_named("small", [&ran] { ran.fetch_add(1); }, 1024);
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_FALSE(stream.run_ahead_exceeded(1024));
+    stream.enqueue_named(
+        "small", [&ran] { ran.fetch_add(1); }, 1024);
+  }
   EXPECT_EQ(ran.load(), 3);  // all queued behind the gate without waiting
   release = true;
   stream.synchronize();
@@ -279,8 +290,12 @@ TEST(StreamRunAhead, UnsizedPendingWorkDisablesTheBound) {
   later.record(b);
   later.block(a);  // unsized: a waits for b's gate
   std::atomic<int> ran{0};
-  for (int i = 0; i < 4; ++i) a.enqueue_named("sized", [&ran] { ran.fetch_add(1); }, big);
-  EXPECT_EQ(ran.load(), 0);  // queued without waiting (waiting could deadlock on b)
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_FALSE(a.run_ahead_exceeded(big));  // waiting could deadlock on b
+    a.enqueue_named(
+        "sized", [&ran] { ran.fetch_add(1); }, big);
+  }
+  EXPECT_EQ(ran.load(), 0);
   release = true;
   a.synchronize();
   EXPECT_EQ(ran.load(), 4);
@@ -293,7 +308,11 @@ TEST(StreamRunAhead, WorkQueuedFromTheWorkerNeverWaits) {
   stream.enqueue_named(
       "outer",
       [&] {
-        for (int i = 0; i < 4; ++i) stream.enqueue_named("inner", [&ran] { ran.fetch_add(1); }, big);
+        for (int i = 0; i < 4; ++i) {
+          if (stream.run_ahead_exceeded(big)) ran.fetch_add(100);  // never on the worker
+          stream.enqueue_named(
+              "inner", [&ran] { ran.fetch_add(1); }, big);
+        }
       },
       big);
   stream.synchronize();
