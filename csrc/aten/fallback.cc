@@ -290,15 +290,18 @@ bool validate_first_calls() { return validate_flag().load(std::memory_order_rela
 
 // Queues `work` on `stream`; a signature not yet seen on this thread runs now
 // (on the stream, waited for) and its failure is raised here with the CPU
-// kernel's own exception type and message.
+// kernel's own exception type and message. `fresh_bytes`: HBM bytes of the
+// results allocated for it (bounds host run-ahead, vtpu::Stream::enqueue_named).
 void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_t key, bool validate,
-                         std::function<void()> work) {
+                         uint64_t fresh_bytes, std::function<void()> work) {
   std::vector<std::string> known = last_meta_warnings();
   if (!validate) {
-    stream.enqueue_named(label.c_str(),
-                         [work = std::move(work), known = std::move(known), issuer = std::this_thread::get_id()] {
-                           queue_warnings(issuer, run_collecting_warnings(work, known));
-                         });
+    enqueue_sized(
+        stream, label.c_str(),
+        [work = std::move(work), known = std::move(known), issuer = std::this_thread::get_id()] {
+          queue_warnings(issuer, run_collecting_warnings(work, known));
+        },
+        fresh_bytes);
     return;
   }
   struct Outcome {
@@ -418,6 +421,15 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
     const at::Tensor& t = out.toTensor();
     return t.defined() && t.numel() > 0 && (t.dim() != 1 || !t.is_contiguous());
   }
+  if (info.meta_check == OpInfo::MetaCheck::kLayerNormDtype) {  // input, normalized_shape, weight, bias, eps
+    if (dry_run()) return false;                                // no CPU results to take shapes from
+    const at::ScalarType dtype = arg(0).toTensor().scalar_type();
+    if (dtype != at::kFloat && dtype != at::kDouble) return true;
+    for (size_t i : {2, 3}) {
+      if (arg(i).isTensor() && arg(i).toTensor().defined() && arg(i).toTensor().scalar_type() != dtype) return true;
+    }
+    return false;
+  }
   for (size_t i = 0; i < n; ++i) {  // kEmptyDims
     if (schema.arguments()[i].name() == "dim" && arg(i).isIntList() && arg(i).toIntList().empty()) return true;
   }
@@ -518,13 +530,15 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     const bool exact_cpu_kernel =
         precision == at::Float32MatmulPrecision::HIGHEST && at::globalContext().float32MatmulPrecision() == precision;
     if (!philox && !fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
-        (exact_cpu_kernel || !info.matmul)) {
-      out_op = info.out_variant;
+        (exact_cpu_kernel || !info.matmul) && info.meta_check != OpInfo::MetaCheck::kLayerNormDtype) {
+      out_op = info.out_variant;  // (native_layer_norm.out is a generated wrapper that copies: not it)
     }
     const uint64_t key = validate_first_calls() ? signature_key(op, args, info) : 0;
     const bool validate = validate_first_calls() && !validated_signatures.count(key);
+    uint64_t fresh_bytes = 0;
+    for (const auto& r : fresh) fresh_bytes += r.storage.nbytes();
     if (out_op) {
-      enqueue_or_validate(stream, label, key, validate,
+      enqueue_or_validate(stream, label, key, validate, fresh_bytes,
                           [op = *out_op, queued = std::move(queued), fresh = std::move(fresh)] {
                             AliasBuilder host(c10::kCPU);
                             auto cpu = build_stack(queued, host);
@@ -536,12 +550,14 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       for (auto& v : results) stack->push_back(std::move(v));
       return;
     }
-    enqueue_or_validate(stream, label, key, validate,
+    const bool layer_norm = info.meta_check == OpInfo::MetaCheck::kLayerNormDtype;
+    enqueue_or_validate(stream, label, key, validate, fresh_bytes,
                         [op, queued = std::move(queued), fresh = std::move(fresh), fresh_slot = std::move(fresh_slot),
-                         precision, philox] {
+                         precision, philox, layer_norm] {
                           AliasBuilder host(c10::kCPU);
                           auto cpu = build_stack(queued, host);
                           at::AutoDispatchBelowADInplaceOrView below_autograd;
+                          if (layer_norm && layer_norm_into_hbm(cpu, fresh, host)) return;
                           call_host_kernel(op, &cpu, precision, philox);
                           for (size_t i = 0; i < fresh.size(); ++i) {
                             auto [r, k] = fresh_slot[i];

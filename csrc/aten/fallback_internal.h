@@ -7,9 +7,11 @@
 #include <ATen/core/stack.h>
 
 #include <string>
+#include <vector>
 
 #include "aten/portability.h"
 #include "runtime/device.h"
+#include "runtime/host_alias.h"
 
 namespace torch_tpu {
 
@@ -62,6 +64,11 @@ bool validating_first_calls();
 
 // The boxed fallback every tpu op without a native kernel goes through.
 void tpu_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// native_layer_norm written by CPU's own kernel straight into its HBM results `fresh`
+// (output, mean, rstd) over the host stack `cpu` (layer_norm_direct.cc). False, with nothing
+// done, when the call needs CPU's wrapper (non-contiguous input or parameters, no elements).
+bool layer_norm_into_hbm(const torch::jit::Stack& cpu, const std::vector<TensorRecipe>& fresh, AliasBuilder& host);
 
 // Debug mode: runs `op` synchronously with bounds / NaN checks; errors carry
 // the op, its arguments and the Python source line.

@@ -89,6 +89,12 @@ OpInfo* build(const c10::OperatorHandle& op) {
     info->meta_check = OpInfo::MetaCheck::kFactoryOut;
   }
   if (name == "aten::nansum") info->meta_check = OpInfo::MetaCheck::kEmptyDims;
+  // Its meta kernel's mean/rstd dtypes differ only for reduced-precision or mixed-dtype calls:
+  // float32/float64 ones are queued like other ops (meta_disagrees_here).
+  if (name == "aten::native_layer_norm") {
+    info->no_meta = false;
+    info->meta_check = OpInfo::MetaCheck::kLayerNormDtype;
+  }
   info->quantized = name.rfind("aten::quantize_per", 0) == 0 || name.rfind("aten::_make_per_", 0) == 0 ||
                     name == "aten::_empty_affine_quantized" || name == "aten::_empty_per_channel_affine_quantized";
   // Out= overloads whose CPU kernels resize the out tensor to the unreduced shape before

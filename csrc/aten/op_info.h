@@ -36,7 +36,7 @@ struct OpInfo {
   bool meta_disagrees = false;
   // Some calls' meta kernels disagree with the CPU kernel: those run synchronously
   // (kFactoryOut: arange/linspace/logspace into a shaped out=; kEmptyDims: nansum(dim=[])).
-  enum class MetaCheck { kNone, kFactoryOut, kEmptyDims } meta_check = MetaCheck::kNone;
+  enum class MetaCheck { kNone, kFactoryOut, kEmptyDims, kLayerNormDtype } meta_check = MetaCheck::kNone;
   bool quantized = false;  // creates quantized tensors: NotImplementedError at the call
 };
 

@@ -20,13 +20,18 @@ bool is_pinned(const at::Tensor& t) {
   return t.device().is_cpu() && t.numel() > 0 && is_pinned_ptr(t.storage().data());
 }
 
-// Queues `dst.copy_(src)` over device memory on `stream`.
+// Queues `dst.copy_(src)` over device memory on `stream` (sized by the bytes
+// it writes: clone/contiguous copy into a fresh buffer; see Stream::enqueue_named).
 void enqueue_copy(vtpu::Stream& stream, TensorRecipe dst, TensorRecipe src) {
-  stream.enqueue("aten::copy_", [dst = std::move(dst), src = std::move(src)] {
-    AliasBuilder host(c10::kCPU);
-    auto d = host.alias(dst);
-    d.copy_(host.alias(src));
-  });
+  const uint64_t written = dst.storage.nbytes();
+  enqueue_sized(
+      stream, "aten::copy_",
+      [dst = std::move(dst), src = std::move(src)] {
+        AliasBuilder host(c10::kCPU);
+        auto d = host.alias(dst);
+        d.copy_(host.alias(src));
+      },
+      written);
 }
 
 at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {

@@ -125,6 +125,11 @@ void wait_all_chips_idle() {
   }
 }
 
+void enqueue_sized(vtpu::Stream& stream, const char* static_name, std::function<void()> work, uint64_t fresh_bytes) {
+  if (stream.run_ahead_exceeded(fresh_bytes)) run_blocking([&] { stream.wait_run_ahead(fresh_bytes); });
+  stream.enqueue_named(static_name, std::move(work), fresh_bytes);
+}
+
 void wait_stream_idle(vtpu::Stream& stream) {
   defer_flush_device(static_cast<c10::DeviceIndex>(stream.chip()));
   translate_errors([&] { run_blocking([&] { stream.wait_idle(); }); });

@@ -36,6 +36,10 @@ void synchronize_device(c10::DeviceIndex index = -1);
 // algorithms, matmul precision) drain the queues before they change, so queued
 // work runs with the values of its call.
 void wait_all_chips_idle();
+// Queues work that never waits on other streams, writing `fresh_bytes` of newly allocated
+// results: first waits (through run_blocking) while the stream's run-ahead bound is exceeded
+// (vtpu::Stream::run_ahead_exceeded). `static_name` outlives the work.
+void enqueue_sized(vtpu::Stream& stream, const char* static_name, std::function<void()> work, uint64_t fresh_bytes);
 // Waits for one stream, leaving earlier failures pending for the next synchronization.
 void wait_stream_idle(vtpu::Stream& stream);
 // Waits for one stream; raises RuntimeError for failed work.

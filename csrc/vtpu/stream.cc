@@ -1,6 +1,7 @@
 // Streams (one worker thread each, in-order) and events (markers in a stream).
 #include "vtpu/stream.h"
 
+#include <cstdlib>
 #include <stdexcept>
 #include <utility>
 
@@ -33,8 +34,39 @@ void Stream::enqueue(std::string op_name, std::function<void()> work) {
   push(Item{nullptr, std::move(op_name), std::move(work)});
 }
 
-void Stream::enqueue_named(const char* static_op_name, std::function<void()> work) {
-  push(Item{static_op_name, std::string(), std::move(work)});
+void Stream::enqueue_named(const char* static_op_name, std::function<void()> work, uint64_t fresh_bytes) {
+  Item item{static_op_name, std::string(), std::move(work)};
+  item.fresh_bytes = fresh_bytes;
+  push(std::move(item));
+}
+
+uint64_t Stream::run_ahead_bytes() {
+  static const uint64_t bytes = [] {
+    const char* v = std::getenv("TORCH_TPU_RUN_AHEAD_BYTES");
+    if (v == nullptr || *v == '\0') return kRunAheadBytes;
+    char* end = nullptr;
+    const unsigned long long x = std::strtoull(v, &end, 10);
+    return (end != v && *end == '\0' && v[0] != '-') ? static_cast<uint64_t>(x) : kRunAheadBytes;
+  }();
+  return bytes;
+}
+
+bool Stream::run_ahead_exceeded(uint64_t fresh_bytes) const {
+  const uint64_t limit = run_ahead_bytes();
+  if (limit == 0 || fresh_bytes == 0 || fresh_bytes == kUnsized) return false;
+  if (unsized_items_.load(std::memory_order_relaxed) > 0 || sized_items_.load(std::memory_order_relaxed) < 2 ||
+      sized_bytes_.load(std::memory_order_relaxed) + fresh_bytes <= limit) {
+    return false;
+  }
+  return !on_worker_thread();
+}
+
+void Stream::wait_run_ahead(uint64_t fresh_bytes) {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (run_ahead_exceeded(fresh_bytes)) {
+    run_ahead_waiter_ = true;
+    caught_up_cv_.wait(lock);
+  }
 }
 
 void Stream::push(Item item) {
@@ -47,6 +79,12 @@ void Stream::push(Item item) {
     if (queue_.size() >= kMaxQueuedWork) {
       if (on_worker_thread()) throw std::logic_error("a stream's own work cannot wait for its queue");
       space_cv_.wait(lock, [this] { return queue_.size() < kMaxQueuedWork / 2; });
+    }
+    if (item.fresh_bytes == kUnsized) {
+      ++unsized_items_;
+    } else if (item.fresh_bytes > 0) {
+      ++sized_items_;
+      sized_bytes_ += item.fresh_bytes;
     }
     queue_.push_back(std::move(item));
     queued_.store(queue_.size(), std::memory_order_release);
@@ -89,6 +127,7 @@ void Stream::run() {
     const char* name = item.name ? item.name : op_name.c_str();
     auto work = std::move(item.work);
     const uint64_t trace_token = item.trace;
+    const uint64_t fresh_bytes = item.fresh_bytes;
     if (queue_.size() == kMaxQueuedWork / 2 - 1) space_cv_.notify_all();
     busy_ = true;
     lock.unlock();
@@ -115,6 +154,16 @@ void Stream::run() {
       if (const trace::Hooks* h = trace::hooks()) h->ran(trace_token, start, end);
     }
     lock.lock();
+    if (fresh_bytes == kUnsized) {
+      --unsized_items_;
+    } else if (fresh_bytes > 0) {
+      --sized_items_;
+      sized_bytes_ -= fresh_bytes;
+      if (run_ahead_waiter_) {
+        run_ahead_waiter_ = false;
+        caught_up_cv_.notify_all();
+      }
+    }
     busy_seconds_ += took.count();
     if (failed && error_.empty()) {
       error_op_ = name;

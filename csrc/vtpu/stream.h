@@ -30,6 +30,9 @@ class Stream {
   static constexpr size_t kMaxQueuedWork = 1024;
   // How long an idle worker polls for new work before it sleeps.
   static constexpr int kSpinMicroseconds = 50;
+  // Default bound on the bytes of fresh results that queued work may hold
+  // before enqueue_named(..., fresh_bytes) waits (TORCH_TPU_RUN_AHEAD_BYTES).
+  static constexpr uint64_t kRunAheadBytes = 8ull << 20;
 
   Stream(int chip, int64_t id);
   ~Stream();  // drains the queue, then joins the worker
@@ -48,7 +51,23 @@ class Stream {
   using ErrorFormatter = std::string (*)(std::exception_ptr);
   static void set_error_formatter(ErrorFormatter formatter);
   // Same, for a name that outlives the work (no copy on the hot path).
-  void enqueue_named(const char* static_op_name, std::function<void()> work);
+  // `fresh_bytes` (kUnsized: work that may wait on other streams' events) is
+  // the bytes of newly allocated results the work writes, counted while the
+  // item is queued or running (see wait_run_ahead).
+  static constexpr uint64_t kUnsized = UINT64_MAX;
+  void enqueue_named(const char* static_op_name, std::function<void()> work, uint64_t fresh_bytes = kUnsized);
+  // Host run-ahead gains nothing once queued kernels are large, and every
+  // queued op keeps another result buffer alive, which its kernel then writes
+  // cold (CPU eager reuses the one just freed, still in cache). So before
+  // queuing sized work, callers wait while run_ahead_exceeded(): two or more
+  // sized items pending, their fresh bytes plus these over run_ahead_bytes(),
+  // and no kUnsized item pending. Never true on the worker thread. Callers
+  // wait through their blocking runner (the GIL: queued Python kernels).
+  bool run_ahead_exceeded(uint64_t fresh_bytes) const;
+  void wait_run_ahead(uint64_t fresh_bytes);
+  // The run-ahead bound: TORCH_TPU_RUN_AHEAD_BYTES (a byte
+  // count; 0 turns the bound off), default kRunAheadBytes.
+  static uint64_t run_ahead_bytes();
   // Blocks until all queued work has run; throws AsyncError if any failed
   // (the error is cleared once raised, so the stream stays usable).
   void synchronize();
@@ -79,12 +98,19 @@ class Stream {
     std::string owned_name;
     std::function<void()> work;
     uint64_t trace = 0;  // profiler token (vtpu/trace.h), 0 when not traced
+    uint64_t fresh_bytes = kUnsized;
   };
   void push(Item item);
   std::deque<Item> queue_;
   bool sleeping_ = false;          // worker waits on work_cv_ (guarded by mu_)
   std::atomic<size_t> queued_{0};  // queue_.size(), readable without mu_
   bool busy_ = false;
+  // Queued or running items with fresh_bytes > 0: their count and bytes; and
+  // the count of kUnsized ones (guarded by mu_).
+  // Written under mu_; read without it by run_ahead_exceeded().
+  std::atomic<uint64_t> sized_items_{0}, sized_bytes_{0}, unsized_items_{0};
+  bool run_ahead_waiter_ = false;
+  std::condition_variable caught_up_cv_;
   double busy_seconds_ = 0;
   bool stop_ = false;
   std::string error_;                  // empty when no error is pending

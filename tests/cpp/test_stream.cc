@@ -229,3 +229,92 @@ TEST(StreamBackpressure, EnqueueBlocksWhenQueueIsFullAndResumes) {
   stream.synchronize();
   EXPECT_EQ(ran.load(), total);
 }
+
+// Sized work (fresh result bytes): a third item over the run-ahead bound waits until the worker
+// has finished one; with an unsized item pending (it may wait on another stream), or on the
+// worker thread, nothing waits.
+TEST(StreamRunAhead, ExceededOnceTwoSizedItemsPassTheBound) {
+  ASSERT_EQ(vtpu::Stream::run_ahead_bytes(), vtpu::Stream::kRunAheadBytes);  // TORCH_TPU_RUN_AHEAD_BYTES unset
+  vtpu::Stream stream(0, 8);
+  const uint64_t big = vtpu::Stream::kRunAheadBytes;  // each item alone fills the bound
+  std::atomic<bool> release{false};
+  std::atomic<int> ran{0};
+  auto gated = [&] {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ran.fetch_add(1);
+  };
+  stream.enqueue_named("sized", gated, big);
+  stream.enqueue_named(
+      "sized", [&ran] { ran.fetch_add(1); }, big);  // one pending item may always join
+  std::atomic<bool> third_queued{false};
+  EXPECT_TRUE(stream.run_ahead_exceeded(big));
+  EXPECT_FALSE(stream.run_ahead_exceeded(0));  // unsized or empty results never wait
+  EXPECT_FALSE(stream.run_ahead_exceeded(vtpu::Stream::kUnsized));
+  std::thread producer([&] {
+    stream.wait_run_ahead(big);
+    stream.enqueue_named(
+        "sized", [&ran] { ran.fetch_add(1); }, big);
+    third_queued = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(third_queued.load());  // 2 items, 2x the bound pending: waits
+  EXPECT_EQ(ran.load(), 0);
+  release = true;
+  producer.join();
+  EXPECT_GE(ran.load(), 1);  // it went in once the worker had finished the gated item
+  stream.synchronize();
+  EXPECT_EQ(ran.load(), 3);
+
+  // Small sized items never wait while their bytes stay under the bound.
+  release = false;
+  stream.enqueue_named("sized", gated, 1024);
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_FALSE(stream.run_ahead_exceeded(1024));
+    stream.enqueue_named(
+        "small", [&ran] { ran.fetch_add(1); }, 1024);
+  }
+  EXPECT_EQ(ran.load(), 3);  // all queued behind the gate without waiting
+  release = true;
+  stream.synchronize();
+  EXPECT_EQ(ran.load(), 104);
+}
+
+TEST(StreamRunAhead, UnsizedPendingWorkDisablesTheBound) {
+  vtpu::Stream a(0, 9), b(0, 10);
+  const uint64_t big = vtpu::Stream::kRunAheadBytes;
+  vtpu::Event later;
+  std::atomic<bool> release{false};
+  b.enqueue("gate", [&] {
+    while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  later.record(b);
+  later.block(a);  // unsized: a waits for b's gate
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_FALSE(a.run_ahead_exceeded(big));  // waiting could deadlock on b
+    a.enqueue_named(
+        "sized", [&ran] { ran.fetch_add(1); }, big);
+  }
+  EXPECT_EQ(ran.load(), 0);
+  release = true;
+  a.synchronize();
+  EXPECT_EQ(ran.load(), 4);
+}
+
+TEST(StreamRunAhead, WorkQueuedFromTheWorkerNeverWaits) {
+  vtpu::Stream stream(0, 11);
+  const uint64_t big = vtpu::Stream::kRunAheadBytes;
+  std::atomic<int> ran{0};
+  stream.enqueue_named(
+      "outer",
+      [&] {
+        for (int i = 0; i < 4; ++i) {
+          if (stream.run_ahead_exceeded(big)) ran.fetch_add(100);  // never on the worker
+          stream.enqueue_named(
+              "inner", [&ran] { ran.fetch_add(1); }, big);
+        }
+      },
+      big);
+  stream.synchronize();
+  EXPECT_EQ(ran.load(), 4);
+}

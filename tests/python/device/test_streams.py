@@ -46,7 +46,7 @@ def test_print_waits_for_queued_work(gate):
 
 def test_fill_is_ordered_after_earlier_work(gate):
     y = gate(torch.tensor(X, device="tpu"))
-    y.fill_(5.0)   # must run after gated() wrote y
+    y.fill_(5.0)  # must run after gated() wrote y
     y[1:3].zero_()
     gate.open()
     assert y.cpu().tolist() == [5.0, 0.0, 0.0, 5.0]
@@ -198,7 +198,7 @@ def test_elapsed_time_requires_timing():
 def test_cross_chip_copy_waits_for_source(gate):
     y = gate(torch.tensor(X, device="tpu:0"))
     z = y.to("tpu:1")  # ordered after chip 0's queued work
-    w = z * 2          # and chip 1's work after the copy
+    w = z * 2  # and chip 1's work after the copy
     assert gate.log == []
     gate.open_after(0.1)
     assert w.cpu().tolist() == [2 * v for v in X1]
@@ -206,6 +206,7 @@ def test_cross_chip_copy_waits_for_source(gate):
 
 
 # --- sticky errors -----------------------------------------------------------
+
 
 def _bad_index_select(device="tpu"):
     src = torch.arange(12.0).reshape(4, 3).to(device)
@@ -221,8 +222,7 @@ def test_async_error_raised_at_synchronize_and_process_recovers():
     torch.tpu.synchronize()  # the error was reported once
     a = torch.randn(5, 5)
     torch.testing.assert_close((a.tpu() @ a.tpu()).cpu(), a @ a)
-    assert torch.index_select(src, 0, torch.tensor([3, 1]).tpu()).cpu().tolist() == \
-        [[9.0, 10.0, 11.0], [3.0, 4.0, 5.0]]
+    assert torch.index_select(src, 0, torch.tensor([3, 1]).tpu()).cpu().tolist() == [[9.0, 10.0, 11.0], [3.0, 4.0, 5.0]]
 
 
 def test_async_error_raised_at_cpu_copy():
@@ -286,6 +286,7 @@ def _run_and_exit(body):
     import subprocess
     import sys
     import textwrap
+
     code = "import torch\n" + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
@@ -332,3 +333,17 @@ def test_backward_right_before_interpreter_exit_does_not_abort():
             atexit.register(last_backward)  # the interpreter finalizes right after it
         """)
         assert proc.returncode == 0 and "terminate" not in proc.stderr, proc.stderr
+
+
+def test_run_ahead_bound_waits_without_holding_the_gil(gate):
+    # 12 MiB results, over the 8 MiB run-ahead bound (TORCH_TPU_RUN_AHEAD_BYTES): the third call
+    # waits for the worker, whose queued Python kernel needs the GIL (and the timer thread
+    # opening the gate does too), so the wait must release it.
+    x = torch.zeros(3 << 20, device="tpu")
+    gate.open()
+    assert torch.equal(gate(x).cpu(), torch.ones(3 << 20))  # the signature's first call runs at once
+    gate.event.clear()
+    gate.open_after(0.3)
+    ys = [gate(x) for _ in range(4)]
+    assert all(torch.equal(y.cpu(), torch.ones(3 << 20)) for y in ys)
+    assert gate.log == [True] * 5  # each kernel saw the gate open: no wait held the GIL

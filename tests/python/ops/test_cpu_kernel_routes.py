@@ -72,6 +72,40 @@ def test_layer_norm_bad_shape_raises_at_call():
     torch.testing.assert_close(F.layer_norm(x, (8,)).cpu(), F.layer_norm(x.cpu(), (8,)), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(
+    "dtype,param_dtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.float64, torch.float64),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("affine", [False, True])
+def test_native_layer_norm_results_equal_cpu(dtype, param_dtype, affine):
+    # float32/float64 calls are queued and CPU's kernel writes output, mean and rstd into HBM;
+    # bf16 and mixed calls take CPU's results as they come. All three results, bit-equal.
+    torch.manual_seed(4)
+    x = torch.randn(3, 5, 6, 8).to(dtype)
+    w, b = (torch.randn(6, 8).to(param_dtype), torch.randn(6, 8).to(param_dtype)) if affine else (None, None)
+    expect = torch.native_layer_norm(x, [6, 8], w, b, 1e-5)
+    tpu = lambda t: None if t is None else t.to("tpu")  # noqa: E731
+    for _ in range(2):  # the first call of a signature is validated synchronously, the second queued
+        got = torch.native_layer_norm(tpu(x), [6, 8], tpu(w), tpu(b), 1e-5)
+    for e, g in zip(expect, got):
+        assert g.dtype == e.dtype and g.shape == e.shape and g.stride() == e.stride()
+        torch.testing.assert_close(g.cpu(), e, rtol=0, atol=0)
+
+
+def test_layer_norm_unsupported_dtype_raises_at_call():
+    x = torch.arange(32).reshape(4, 8).to("tpu")
+    with pytest.raises(NotImplementedError, match="LayerNormKernelImpl.*Long"):
+        torch.native_layer_norm(x, [8], None, None, 1e-5)
+    y = torch.randn(4, 8)
+    torch.testing.assert_close(F.layer_norm(y.to("tpu"), (8,)).cpu(), F.layer_norm(y, (8,)), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_addr_equals_cpu(dtype):
     torch.manual_seed(3)
