@@ -238,14 +238,17 @@ bool validate_first_calls() { return validate_flag().load(std::memory_order_rela
 // Queues `work` on `stream`; a signature not yet seen on this thread runs now
 // (on the stream, waited for) and its failure is raised here with the CPU
 // kernel's own exception type and message.
+// `extras` (the call's meta-cache entry, or null) remembers a passed validation.
+// One closure per op: `work` is moved into the queued one (no second std::function).
+template <typename Work>
 void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_t key, bool validate,
-                         std::function<void()> work) {
+                         MetaExtras* extras, Work&& work) {
   std::vector<std::string> known = last_meta_warnings();
   if (!validate) {
-    stream.enqueue_named(label.c_str(),
-                         [work = std::move(work), known = std::move(known), issuer = std::this_thread::get_id()] {
-                           queue_warnings(issuer, run_collecting_warnings(work, known));
-                         });
+    stream.enqueue_named(label.c_str(), [work = std::forward<Work>(work), known = std::move(known),
+                                         issuer = std::this_thread::get_id()] {
+      queue_warnings(issuer, run_collecting_warnings(std::cref(work), known));
+    });
     return;
   }
   struct Outcome {
@@ -253,9 +256,9 @@ void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_
     std::vector<c10::Warning> warnings;
   };
   auto outcome = std::make_shared<Outcome>();
-  stream.enqueue_named(label.c_str(), [work = std::move(work), known = std::move(known), outcome] {
+  stream.enqueue_named(label.c_str(), [work = std::forward<Work>(work), known = std::move(known), outcome] {
     try {
-      outcome->warnings = run_collecting_warnings(work, known);
+      outcome->warnings = run_collecting_warnings(std::cref(work), known);
     } catch (...) {
       outcome->failure = std::current_exception();
     }
@@ -266,6 +269,7 @@ void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_
   if (outcome->failure) std::rethrow_exception(outcome->failure);
   if (validated_signatures.size() >= kValidatedSignatures) validated_signatures.clear();
   validated_signatures.insert(key);
+  if (extras) extras->validated = true;
   rewarn(outcome->warnings);  // at the call, on the calling thread
 }
 
@@ -371,6 +375,22 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
   return false;
 }
 
+// The op's cost-model figures: a function of its signature (the meta key: shapes, dtypes,
+// scalar values) and the matmul precision, so worked out once per cached signature.
+// Custom cost functions (set_custom_op_cost) are asked at every call.
+vtpu::OpCost priced(MetaExtras* extras, const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args,
+                    const std::vector<IValue>& results, at::Float32MatmulPrecision precision) {
+  const bool cacheable = extras && !any_custom_op_cost();
+  if (cacheable && extras->priced && extras->precision == static_cast<int8_t>(precision)) return extras->cost;
+  vtpu::OpCost cost = op_cost(schema, args, result_tensors(results), precision);
+  if (cacheable) {
+    extras->cost = cost;
+    extras->priced = true;
+    extras->precision = static_cast<int8_t>(precision);
+  }
+  return cost;
+}
+
 void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpInfo& info) {
   const auto& schema = op.schema();
   const std::string& label = info.label;
@@ -403,6 +423,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     return;
   }
   const MetaResult& meta = *meta_ptr;
+  MetaExtras* const extras = last_meta_extras();  // this signature's cached pricing and validation
 
   // Allocate results now; the work fills them later.
   std::vector<IValue> results;
@@ -429,10 +450,11 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       results.emplace_back(std::move(list));
     }
   }
-  // out= arguments may have been resized by the meta kernel: refresh recipes.
-  for (size_t i = 0; i < num_args; ++i) {
-    if (queued[i].kind == QueuedArg::Kind::kTensor && queued[i].tensors[0] && args[i].isTensor() &&
-        args[i].toTensor().device().type() == kTPU) {
+  // Arguments the op writes (out=) may have been resized above: refresh their recipes.
+  for (size_t i = 0; i < num_args && info.writes_args; ++i) {
+    const auto* written = alias_of(schema.arguments()[i]);
+    if (written && written->isWrite() && queued[i].kind == QueuedArg::Kind::kTensor && queued[i].tensors[0] &&
+        args[i].isTensor() && args[i].toTensor().device().type() == kTPU) {
       queued[i].tensors[0] = TensorRecipe::of(args[i].toTensor());
     }
   }
@@ -442,7 +464,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   if (!(pure_view && !info.writes_args)) {
     auto& stream = current_vtpu_stream(device);
     const auto precision = effective_matmul_precision();
-    chip(device).record_cost(op_cost(schema, args, result_tensors(results), precision));
+    chip(device).record_cost(priced(extras, schema, args, results, precision));
     if (dry_run()) {  // shaped, allocated and priced; not computed
       // Arguments it writes now hold values nobody computed (fresh results already do).
       if (info.writes_args) {
@@ -468,10 +490,17 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
         (exact_cpu_kernel || !info.matmul)) {
       out_op = info.out_variant;
     }
-    const uint64_t key = validate_first_calls() ? signature_key(op, args) : 0;
-    const bool validate = validate_first_calls() && !validated_signatures.count(key);
+    // A signature validated before (on this thread) is remembered in its meta-cache entry too:
+    // a repeated call skips the signature hash.
+    uint64_t key = 0;
+    bool validate = false;
+    if (validate_first_calls() && !(extras && extras->validated)) {
+      key = signature_key(op, args);
+      validate = !validated_signatures.count(key);
+      if (!validate && extras) extras->validated = true;
+    }
     if (out_op) {
-      enqueue_or_validate(stream, label, key, validate,
+      enqueue_or_validate(stream, label, key, validate, extras,
                           [op = *out_op, queued = std::move(queued), fresh = std::move(fresh)] {
                             AliasBuilder host(c10::kCPU);
                             auto cpu = build_stack(queued, host);
@@ -483,7 +512,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       for (auto& v : results) stack->push_back(std::move(v));
       return;
     }
-    enqueue_or_validate(stream, label, key, validate,
+    enqueue_or_validate(stream, label, key, validate, extras,
                         [op, queued = std::move(queued), fresh = std::move(fresh), fresh_slot = std::move(fresh_slot),
                          precision, philox] {
                           AliasBuilder host(c10::kCPU);
