@@ -376,17 +376,22 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
 }
 
 // The op's cost-model figures: a function of its signature (the meta key: shapes, dtypes,
-// scalar values) and the matmul precision, so worked out once per cached signature.
-// Custom cost functions (set_custom_op_cost) are asked at every call.
+// scalar values) and, for MXU work only, the matmul precision (`precision()` reads it: the
+// global setting's lookup costs more than the rest of a cached call's pricing). Worked out
+// once per cached signature; custom cost functions (set_custom_op_cost) are asked every call.
+template <typename Precision>
 vtpu::OpCost priced(MetaExtras* extras, const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args,
-                    const std::vector<IValue>& results, at::Float32MatmulPrecision precision) {
+                    const std::vector<IValue>& results, const Precision& precision) {
   const bool cacheable = extras && !any_custom_op_cost();
-  if (cacheable && extras->priced && extras->precision == static_cast<int8_t>(precision)) return extras->cost;
-  vtpu::OpCost cost = op_cost(schema, args, result_tensors(results), precision);
+  if (cacheable && extras->priced &&
+      (!extras->cost.mxu || extras->precision == static_cast<int8_t>(precision()))) {
+    return extras->cost;
+  }
+  vtpu::OpCost cost = op_cost(schema, args, result_tensors(results), precision());
   if (cacheable) {
     extras->cost = cost;
     extras->priced = true;
-    extras->precision = static_cast<int8_t>(precision);
+    extras->precision = static_cast<int8_t>(precision());
   }
   return cost;
 }
@@ -463,8 +468,11 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   for (size_t r = 0; r < meta.size() && pure_view; ++r) pure_view = !info.returns[r].write;
   if (!(pure_view && !info.writes_args)) {
     auto& stream = current_vtpu_stream(device);
-    const auto precision = effective_matmul_precision();
-    chip(device).record_cost(priced(extras, schema, args, results, precision));
+    // The precision matters to products only (their CPU kernel's passes, their cost).
+    const auto precision = info.matmul ? effective_matmul_precision() : at::Float32MatmulPrecision::HIGHEST;
+    chip(device).record_cost(priced(extras, schema, args, results, [&] {
+      return info.matmul ? precision : effective_matmul_precision();
+    }));
     if (dry_run()) {  // shaped, allocated and priced; not computed
       // Arguments it writes now hold values nobody computed (fresh results already do).
       if (info.writes_args) {
@@ -485,7 +493,8 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     // global setting: their passes need temporaries.)
     std::optional<c10::OperatorHandle> out_op;
     const bool exact_cpu_kernel =
-        precision == at::Float32MatmulPrecision::HIGHEST && at::globalContext().float32MatmulPrecision() == precision;
+        info.matmul && precision == at::Float32MatmulPrecision::HIGHEST &&
+        at::globalContext().float32MatmulPrecision() == precision;
     if (!philox && !fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
         (exact_cpu_kernel || !info.matmul)) {
       out_op = info.out_variant;
