@@ -383,8 +383,7 @@ template <typename Precision>
 vtpu::OpCost priced(MetaExtras* extras, const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args,
                     const std::vector<IValue>& results, const Precision& precision) {
   const bool cacheable = extras && !any_custom_op_cost();
-  if (cacheable && extras->priced &&
-      (!extras->cost.mxu || extras->precision == static_cast<int8_t>(precision()))) {
+  if (cacheable && extras->priced && (!extras->cost.mxu || extras->precision == static_cast<int8_t>(precision()))) {
     return extras->cost;
   }
   vtpu::OpCost cost = op_cost(schema, args, result_tensors(results), precision());
@@ -470,9 +469,8 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     auto& stream = current_vtpu_stream(device);
     // The precision matters to products only (their CPU kernel's passes, their cost).
     const auto precision = info.matmul ? effective_matmul_precision() : at::Float32MatmulPrecision::HIGHEST;
-    chip(device).record_cost(priced(extras, schema, args, results, [&] {
-      return info.matmul ? precision : effective_matmul_precision();
-    }));
+    chip(device).record_cost(
+        priced(extras, schema, args, results, [&] { return info.matmul ? precision : effective_matmul_precision(); }));
     if (dry_run()) {  // shaped, allocated and priced; not computed
       // Arguments it writes now hold values nobody computed (fresh results already do).
       if (info.writes_args) {
@@ -492,9 +490,8 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     // (Not for products at reduced precision, nor at HIGHEST under a lower
     // global setting: their passes need temporaries.)
     std::optional<c10::OperatorHandle> out_op;
-    const bool exact_cpu_kernel =
-        info.matmul && precision == at::Float32MatmulPrecision::HIGHEST &&
-        at::globalContext().float32MatmulPrecision() == precision;
+    const bool exact_cpu_kernel = info.matmul && precision == at::Float32MatmulPrecision::HIGHEST &&
+                                  at::globalContext().float32MatmulPrecision() == precision;
     if (!philox && !fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
         (exact_cpu_kernel || !info.matmul)) {
       out_op = info.out_variant;
