@@ -8,7 +8,9 @@ Run: python bench/ops.py [--iters N] [--sizes 64,1024,4096]
 A/B of a setting, same machine, interleaved: `--ab TORCH_TPU_VALIDATE_FIRST_CALL=0` runs the
 table `--rounds` times in child processes alternately with and without that environment
 setting and prints, per op, the fastest tpu time of each and their ratio (under load the
-minimum over rounds is the stable figure).
+minimum over rounds is the stable figure). `--baseline DIR` does the same with another checkout's
+build (DIR holding its torch_tpu package with its _C extension) in place of the setting:
+`python bench/ops.py --sizes 64 --baseline /path/to/other --rounds 5`.
 """
 
 import argparse
@@ -83,8 +85,14 @@ def main():
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--sizes", default="64,1024,4096")
     p.add_argument("--ab", metavar="VAR=VALUE", help="compare tpu times with and without this environment setting")
+    p.add_argument("--baseline", metavar="DIR", help="compare tpu times with another checkout's torch_tpu build")
     p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
+    if a.baseline:
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        path = os.environ.get("PYTHONPATH", "")
+        a.ab = "PYTHONPATH=" + os.pathsep.join([os.path.abspath(a.baseline)] + [p for p in path.split(os.pathsep) if p])
+        os.environ["PYTHONPATH"] = os.pathsep.join([here] + [p for p in path.split(os.pathsep) if p])
     if a.ab:
         return ab(a)
     print(f"{'op':22} {'n':>5} {'tpu us':>10} {'cpu us':>10} {'tpu/cpu':>8}")
@@ -104,12 +112,14 @@ def main():
 
 
 def ab(a):
-    """Runs the table alternately with and without `a.ab` set; prints per-op minimum tpu times."""
+    """Runs the table alternately with and without `a.ab` set (with `--baseline`: this build and the
+    baseline's); prints per-op minimum tpu times, and each side's tpu/cpu from its fastest times."""
     var, _, value = a.ab.partition("=")
     best = {}
     for _ in range(a.rounds):
         for label, extra in (("without", {}), ("with", {var: value})):
-            env = {k: v for k, v in os.environ.items() if k != var} | extra
+            keep = a.baseline and label == "without"  # this checkout: PYTHONPATH as set in main()
+            env = {k: v for k, v in os.environ.items() if k != var or keep} | extra
             out = subprocess.run(
                 [sys.executable, __file__, "--iters", str(a.iters), "--repeats", str(a.repeats), "--sizes", a.sizes],
                 env=env,
@@ -121,15 +131,24 @@ def ab(a):
                 parts = line.rsplit(None, 4)
                 if len(parts) == 5 and parts[1].isdigit():
                     key = (parts[0], int(parts[1]))
-                    t = float(parts[2])
-                    best.setdefault(key, {}).setdefault(label, t)
-                    best[key][label] = min(best[key][label], t)
-    print(f"{'op':22} {'n':>5} {'default us':>10} {a.ab + ' us':>30} {'default/other':>13}")
-    ratios = []
+                    t, c = float(parts[2]), float(parts[3])
+                    side = best.setdefault(key, {}).setdefault(label, [t, c])
+                    side[0], side[1] = min(side[0], t), min(side[1], c)
+    other = "baseline" if a.baseline else a.ab
+    head = f"{'op':22} {'n':>5} {'default us':>10} {other + ' us':>24}"
+    print(f"{head} {'default/other':>13} {'tpu/cpu':>8} {'other':>8}")
+    ratios, mine, theirs = {}, {}, {}
     for (name, n), t in best.items():
-        ratios.append(t["without"] / t["with"])
-        print(f"{name:22} {n:5d} {t['without']:10.1f} {t['with']:30.1f} {ratios[-1]:13.2f}")
-    print(f"geometric-mean default/other {statistics.geometric_mean(ratios):.3f}")
+        (tw, cw), (to, co) = t["without"], t["with"]
+        ratios.setdefault(n, []).append(tw / to)
+        mine.setdefault(n, []).append(tw / cw)
+        theirs.setdefault(n, []).append(to / co)
+        print(f"{name:22} {n:5d} {tw:10.1f} {to:24.1f} {tw / to:13.2f} {tw / cw:8.2f} {to / co:8.2f}")
+    for n in ratios:
+        print(
+            f"n={n}: geometric-mean default/other {statistics.geometric_mean(ratios[n]):.3f}; tpu/cpu "
+            f"{statistics.geometric_mean(mine[n]):.2f} (other: {statistics.geometric_mean(theirs[n]):.2f})"
+        )
 
 
 if __name__ == "__main__":

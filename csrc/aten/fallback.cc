@@ -292,14 +292,17 @@ bool validate_first_calls() { return validate_flag().load(std::memory_order_rela
 // (on the stream, waited for) and its failure is raised here with the CPU
 // kernel's own exception type and message. `fresh_bytes`: HBM bytes of the
 // results allocated for it (bounds host run-ahead, vtpu::Stream::enqueue_named).
+// `extras` (the call's meta-cache entry, or null) remembers a passed validation.
+// One closure per op: `work` is moved into the queued one (no second std::function).
+template <typename Work>
 void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_t key, bool validate,
-                         uint64_t fresh_bytes, std::function<void()> work) {
+                         MetaExtras* extras, uint64_t fresh_bytes, Work&& work) {
   std::vector<std::string> known = last_meta_warnings();
   if (!validate) {
     enqueue_sized(
         stream, label.c_str(),
-        [work = std::move(work), known = std::move(known), issuer = std::this_thread::get_id()] {
-          queue_warnings(issuer, run_collecting_warnings(work, known));
+        [work = std::forward<Work>(work), known = std::move(known), issuer = std::this_thread::get_id()] {
+          queue_warnings(issuer, run_collecting_warnings(std::cref(work), known));
         },
         fresh_bytes);
     return;
@@ -309,9 +312,9 @@ void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_
     std::vector<c10::Warning> warnings;
   };
   auto outcome = std::make_shared<Outcome>();
-  stream.enqueue_named(label.c_str(), [work = std::move(work), known = std::move(known), outcome] {
+  stream.enqueue_named(label.c_str(), [work = std::forward<Work>(work), known = std::move(known), outcome] {
     try {
-      outcome->warnings = run_collecting_warnings(work, known);
+      outcome->warnings = run_collecting_warnings(std::cref(work), known);
     } catch (...) {
       outcome->failure = std::current_exception();
     }
@@ -322,6 +325,7 @@ void enqueue_or_validate(vtpu::Stream& stream, const std::string& label, uint64_
   if (outcome->failure) std::rethrow_exception(outcome->failure);
   if (validated_signatures.size() >= kValidatedSignatures) validated_signatures.clear();
   validated_signatures.insert(key);
+  if (extras) extras->validated = true;
   rewarn(outcome->warnings);  // at the call, on the calling thread
 }
 
@@ -436,6 +440,26 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
   return false;
 }
 
+// The op's cost-model figures: a function of its signature (the meta key: shapes, dtypes,
+// scalar values) and, for MXU work only, the matmul precision (`precision()` reads it: the
+// global setting's lookup costs more than the rest of a cached call's pricing). Worked out
+// once per cached signature; custom cost functions (set_custom_op_cost) are asked every call.
+template <typename Precision>
+vtpu::OpCost priced(MetaExtras* extras, const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args,
+                    const std::vector<IValue>& results, const Precision& precision) {
+  const bool cacheable = extras && !any_custom_op_cost();
+  if (cacheable && extras->priced && (!extras->cost.mxu || extras->precision == static_cast<int8_t>(precision()))) {
+    return extras->cost;
+  }
+  vtpu::OpCost cost = op_cost(schema, args, result_tensors(results), precision());
+  if (cacheable) {
+    extras->cost = cost;
+    extras->priced = true;
+    extras->precision = static_cast<int8_t>(precision());
+  }
+  return cost;
+}
+
 void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpInfo& info) {
   const auto& schema = op.schema();
   const std::string& label = info.label;
@@ -468,6 +492,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     return;
   }
   const MetaResult& meta = *meta_ptr;
+  MetaExtras* const extras = last_meta_extras();  // this signature's cached pricing and validation
 
   // Allocate results now; the work fills them later.
   std::vector<IValue> results;
@@ -494,10 +519,11 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       results.emplace_back(std::move(list));
     }
   }
-  // out= arguments may have been resized by the meta kernel: refresh recipes.
-  for (size_t i = 0; i < num_args; ++i) {
-    if (queued[i].kind == QueuedArg::Kind::kTensor && queued[i].tensors[0] && args[i].isTensor() &&
-        args[i].toTensor().device().type() == kTPU) {
+  // Arguments the op writes (out=) may have been resized above: refresh their recipes.
+  for (size_t i = 0; i < num_args && info.writes_args; ++i) {
+    const auto* written = alias_of(schema.arguments()[i]);
+    if (written && written->isWrite() && queued[i].kind == QueuedArg::Kind::kTensor && queued[i].tensors[0] &&
+        args[i].isTensor() && args[i].toTensor().device().type() == kTPU) {
       queued[i].tensors[0] = TensorRecipe::of(args[i].toTensor());
     }
   }
@@ -506,8 +532,10 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   for (size_t r = 0; r < meta.size() && pure_view; ++r) pure_view = !info.returns[r].write;
   if (!(pure_view && !info.writes_args)) {
     auto& stream = current_vtpu_stream(device);
-    const auto precision = effective_matmul_precision();
-    chip(device).record_cost(op_cost(schema, args, result_tensors(results), precision));
+    // The precision matters to products only (their CPU kernel's passes, their cost).
+    const auto precision = info.matmul ? effective_matmul_precision() : at::Float32MatmulPrecision::HIGHEST;
+    chip(device).record_cost(
+        priced(extras, schema, args, results, [&] { return info.matmul ? precision : effective_matmul_precision(); }));
     if (dry_run()) {  // shaped, allocated and priced; not computed
       // Arguments it writes now hold values nobody computed (fresh results already do).
       if (info.writes_args) {
@@ -527,18 +555,25 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     // (Not for products at reduced precision, nor at HIGHEST under a lower
     // global setting: their passes need temporaries.)
     std::optional<c10::OperatorHandle> out_op;
-    const bool exact_cpu_kernel =
-        precision == at::Float32MatmulPrecision::HIGHEST && at::globalContext().float32MatmulPrecision() == precision;
+    const bool exact_cpu_kernel = info.matmul && precision == at::Float32MatmulPrecision::HIGHEST &&
+                                  at::globalContext().float32MatmulPrecision() == precision;
     if (!philox && !fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
         (exact_cpu_kernel || !info.matmul) && info.meta_check != OpInfo::MetaCheck::kLayerNormDtype) {
       out_op = info.out_variant;  // (native_layer_norm.out is a generated wrapper that copies: not it)
     }
-    const uint64_t key = validate_first_calls() ? signature_key(op, args, info) : 0;
-    const bool validate = validate_first_calls() && !validated_signatures.count(key);
+    // A signature validated before is remembered in its meta-cache entry too (whose key is
+    // finer: exact scalars, strides, offsets and shared storages): a repeated call skips the hash.
+    uint64_t key = 0;
+    bool validate = false;
+    if (validate_first_calls() && !(extras && extras->validated)) {
+      key = signature_key(op, args, info);
+      validate = !validated_signatures.count(key);
+      if (!validate && extras) extras->validated = true;
+    }
     uint64_t fresh_bytes = 0;
     for (const auto& r : fresh) fresh_bytes += r.storage.nbytes();
     if (out_op) {
-      enqueue_or_validate(stream, label, key, validate, fresh_bytes,
+      enqueue_or_validate(stream, label, key, validate, extras, fresh_bytes,
                           [op = *out_op, queued = std::move(queued), fresh = std::move(fresh)] {
                             AliasBuilder host(c10::kCPU);
                             auto cpu = build_stack(queued, host);
@@ -551,7 +586,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       return;
     }
     const bool layer_norm = info.meta_check == OpInfo::MetaCheck::kLayerNormDtype;
-    enqueue_or_validate(stream, label, key, validate, fresh_bytes,
+    enqueue_or_validate(stream, label, key, validate, extras, fresh_bytes,
                         [op, queued = std::move(queued), fresh = std::move(fresh), fresh_slot = std::move(fresh_slot),
                          precision, philox, layer_norm] {
                           AliasBuilder host(c10::kCPU);

@@ -78,9 +78,11 @@ constexpr size_t kMetaCacheEntries = 1 << 16;
 struct MetaEntry {
   MetaResult result;
   std::vector<c10::Warning> warnings;
+  MetaExtras extras;
 };
 thread_local std::unordered_map<MetaKey, MetaEntry, MetaKeyHash> meta_cache;
 thread_local std::vector<std::string> last_warnings;
+thread_local MetaExtras* last_extras = nullptr;
 
 class Buffer : public c10::WarningHandler {
  public:
@@ -88,8 +90,10 @@ class Buffer : public c10::WarningHandler {
   std::vector<c10::Warning> warnings;
 };
 
-const MetaResult& given(const MetaEntry& e) {
-  last_warnings.clear();
+const MetaResult& given(MetaEntry& e, bool cached) {
+  last_extras = cached ? &e.extras : nullptr;
+  if (!last_warnings.empty()) last_warnings.clear();
+  if (e.warnings.empty()) return e.result;
   for (const auto& w : e.warnings) last_warnings.push_back(w.msg());
   rewarn(e.warnings);
   return e.result;
@@ -190,8 +194,10 @@ bool meta_has_lists(const MetaResult& meta) {
 
 // Runs the meta kernel (or reuses its cached answer). Throws what it throws.
 const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args) {
-  MetaKey key{&op.schema(), {}};
-  key.words.reserve(64);
+  // The key is written into a buffer kept per thread: a hit allocates nothing.
+  thread_local MetaKey key;
+  key.op = &op.schema();
+  key.words.clear();
   // Factories without a dtype argument follow the default dtype.
   key.words.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   KeyWriter writer(key.words);
@@ -199,8 +205,9 @@ const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValu
   for (const IValue& v : args) cacheable = cacheable && writer.value(v);
   if (cacheable) {
     auto it = meta_cache.find(key);
-    if (it != meta_cache.end()) return given(it->second);
+    if (it != meta_cache.end()) return given(it->second, true);
   }
+  MetaKey owned = key;  // the meta kernel may call back in here
   torch::jit::Stack meta = meta_stack(op.schema(), args);
   Buffer buffer;  // a meta kernel that fails drops its warnings: the CPU kernel that decides gives its own
   last_warnings.clear();
@@ -220,16 +227,18 @@ const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValu
       for (const at::Tensor& t : meta[r].toTensorList()) result[r].tensors.push_back(describe(t));
     }
   }
-  MetaEntry entry{std::move(result), std::move(buffer.warnings)};
+  MetaEntry entry{std::move(result), std::move(buffer.warnings), {}};
   if (!cacheable) {
     thread_local MetaEntry uncached;
     uncached = std::move(entry);
-    return given(uncached);
+    return given(uncached, false);
   }
   if (meta_cache.size() >= kMetaCacheEntries) meta_cache.clear();
-  return given(meta_cache.emplace(std::move(key), std::move(entry)).first->second);
+  return given(meta_cache.emplace(std::move(owned), std::move(entry)).first->second, true);
 }
 
 const std::vector<std::string>& last_meta_warnings() { return last_warnings; }
+
+MetaExtras* last_meta_extras() { return last_extras; }
 
 }  // namespace torch_tpu

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "vtpu/cost_model.h"
+
 namespace torch_tpu {
 
 // What the meta kernel said about one returned tensor.
@@ -34,6 +36,18 @@ bool meta_has_lists(const MetaResult& meta);
 // the next call on this thread.
 // Its warnings are given to the caller's warning handler at every call.
 const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+
+// What the strict fallback learns about a cached signature at its first call and
+// reuses at later ones (so that a repeated call skips that work).
+struct MetaExtras {
+  bool validated = false;  // its first call's validation passed (TORCH_TPU_VALIDATE_FIRST_CALL)
+  bool priced = false;     // `cost` holds the op's cost-model figures
+  int8_t precision = -1;   // the at::Float32MatmulPrecision `cost` was priced at
+  vtpu::OpCost cost;
+};
+// The extras of the entry the last meta_result() on this thread answered from,
+// or nullptr when that call could not be cached. Valid as long as its result.
+MetaExtras* last_meta_extras();
 
 // The messages of the warnings the last meta_result() on this thread gave:
 // the CPU kernel repeating them is not warned twice.

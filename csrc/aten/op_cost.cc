@@ -14,7 +14,8 @@
 namespace torch_tpu {
 namespace {
 
-void for_each_tensor(c10::ArrayRef<c10::IValue> args, const std::function<void(const at::Tensor&)>& fn) {
+template <typename Fn>
+void for_each_tensor(c10::ArrayRef<c10::IValue> args, const Fn& fn) {
   for (const auto& v : args) {
     if (v.isTensor()) {
       if (v.toTensor().defined()) fn(v.toTensor());
@@ -112,6 +113,8 @@ void set_custom_op_cost(const std::string& op, CustomOpCostFn fn) {
   any_custom_cost.store(!custom_costs.empty());
 }
 
+bool any_custom_op_cost() { return any_custom_cost.load(std::memory_order_relaxed); }
+
 vtpu::OpCost op_cost(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
                      const std::vector<at::Tensor>& results, at::Float32MatmulPrecision precision) {
   vtpu::OpCost c;
@@ -120,19 +123,18 @@ vtpu::OpCost op_cost(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValu
     if (custom(args, results, &priced)) return priced;
   }
   double largest = 0;
-  // out= arguments are only written (counted among the results).
-  std::vector<c10::IValue> inputs;
+  // out= arguments are only written (counted among the results). No copies of the
+  // arguments: a tensor's refcount going up can take the GIL (its Python object).
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& arg = schema.arguments()[i];
     if (arg.kwarg_only() && arg.alias_info() && arg.alias_info()->isWrite()) continue;
-    inputs.push_back(args[i]);
+    for_each_tensor(args.slice(i, 1), [&](const at::Tensor& t) {
+      if (t.device().type() != c10::DeviceType::PrivateUse1) return;  // host scalars: no HBM
+      c.bytes_read += physical_bytes_of(t);
+      largest = std::max(largest, static_cast<double>(t.numel()));
+      c.emulated = c.emulated || unsupported_on_tpu(t.scalar_type());
+    });
   }
-  for_each_tensor(inputs, [&](const at::Tensor& t) {
-    if (t.device().type() != c10::DeviceType::PrivateUse1) return;  // host scalars: no HBM
-    c.bytes_read += physical_bytes_of(t);
-    largest = std::max(largest, static_cast<double>(t.numel()));
-    c.emulated = c.emulated || unsupported_on_tpu(t.scalar_type());
-  });
   for (const auto& r : results) {
     c.bytes_written += physical_bytes_of(r);
     largest = std::max(largest, static_cast<double>(r.numel()));

@@ -26,6 +26,8 @@ vtpu::OpCost op_cost(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValu
 using CustomOpCostFn =
     std::function<bool(c10::ArrayRef<c10::IValue> args, const std::vector<at::Tensor>& results, vtpu::OpCost* cost)>;
 void set_custom_op_cost(const std::string& op, CustomOpCostFn fn);
+// Whether any custom cost function is set (op_cost() then asks it first).
+bool any_custom_op_cost();
 
 // A copy or fill that moves `bytes_read` and writes `bytes_written` HBM bytes.
 vtpu::OpCost transfer_cost(double bytes_read, double bytes_written);

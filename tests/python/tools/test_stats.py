@@ -59,8 +59,27 @@ def test_fp32_highest_costs_six_passes(fresh_stats):
         finally:
             torch.set_float32_matmul_precision(old)
         spec = _spec(s["generation"])
-        assert s["mxu_seconds"] == pytest.approx(passes * 2 * 256**3 / spec["peak_bf16_flops"]
-                                                 / (256 / spec["mxu_size"] if spec["mxu_size"] > 256 else 1))
+        assert s["mxu_seconds"] == pytest.approx(
+            passes * 2 * 256**3 / spec["peak_bf16_flops"] / (256 / spec["mxu_size"] if spec["mxu_size"] > 256 else 1)
+        )
+
+
+def test_repeated_signature_counted_at_every_call(fresh_stats):
+    """Strict mode prices a signature once and reuses it: each call still counts, another shape anew."""
+    a = torch.randn(64, 64, device="tpu")
+    b = torch.randn(64, 128, device="tpu")
+    torch.tpu.synchronize()
+    torch_tpu.runtime.reset_stats()
+    for _ in range(5):
+        a + a
+    b + b
+    torch.tpu.synchronize()
+    s = torch_tpu.runtime.stats()
+    tile = 64 * 128 * 4  # f32 (8,128) tiles: [64,64] and [64,128] both take 32 KiB
+    assert s["ops"] == 6
+    assert s["flops"] == 5 * 64 * 64 + 64 * 128
+    assert s["bytes_read"] == (5 * 2 + 2) * tile
+    assert s["bytes_written"] == (5 + 1) * tile
 
 
 def test_elementwise_is_priced_at_bandwidth(fresh_stats):
