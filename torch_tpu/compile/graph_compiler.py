@@ -217,6 +217,7 @@ def _report(prog: Program, desc, gm, kind: str, key: str | None, opts: CompileOp
     """Counters, the StableHLO dump and ``debug_callback`` of a program just built or loaded."""
     stats.add("regions", len(prog.regions))
     stats.count_library_ops(library_ops(desc))
+    stats.count("host_scalar_ops", [o["op"] for st in desc["steps"] if st["kind"] == "scalars" for o in st["ops"]])
     stats.add("compile_seconds", time.perf_counter() - t0)
     k = key or "uncached"
     text = None
