@@ -2,6 +2,7 @@
 torch_tpu/compile/host_scalars.py): values against CPU eager, bit for bit where IEEE rounding
 makes them so, and which ops leave the library calls."""
 
+import copy
 import math
 
 import pytest
@@ -80,8 +81,7 @@ def test_special_values_equal_cpu():
 def test_adamw_compiled_step_equals_eager():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
-    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
-    ref.load_state_dict(model.state_dict())
+    ref = copy.deepcopy(model)
     model.to("tpu")
     opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-2), betas=(0.9, 0.95), weight_decay=0.1)
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1)
