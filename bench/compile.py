@@ -16,7 +16,8 @@ cache off for it); ``tpu-compile-math-sdpa`` (SDPA's math path: the flash routin
 ``tpu-compile-scalar-calls`` (0-dim CPU chains as library calls: the scalars step off) likewise.
 Each side runs --warmup calls (the first compiles); then --steps rounds
 time one call of every side in turn (interleaved, so that other jobs' load falls on all
-alike); the figure is each side's median (tpu calls end with a synchronize). Peak RSS is the
+alike); the figure is each side's median (tpu calls end with a synchronize), and the median
+process CPU seconds of a call (all threads; steadier than wall time on a loaded machine). Peak RSS is the
 process's, after the workload's sides ran. Compile seconds:
 the first call's time minus a steady call's (Dynamo and AOTAutograd tracing included);
 in parentheses the backend's own part (``compile_stats()["compile_seconds"]``: lowering,
@@ -210,17 +211,20 @@ def measure_workload(workload, sides, args):
     rounds), so that load from other jobs falls on all sides alike."""
     torch._dynamo.reset()
     calls, results, times = {}, {}, {s: [] for s in sides}
+    cpu_times = {s: [] for s in sides}
     for side in sides:
         calls[side], results[side] = prepare(workload, side, args)
     for _ in range(args.steps):
         for side in sides:
             device = SIDES[side][0]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             calls[side]()
             sync(device)
             times[side].append(time.perf_counter() - t0)
+            cpu_times[side].append(time.process_time() - c0)
     for side in sides:
         results[side]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        results[side]["median_cpu_s"] = statistics.median(cpu_times[side])
     # tpu-compile's warm compile resets Dynamo: last
     for side in sorted(sides, key=lambda s: s == "tpu-compile"):
         finish(workload, side, args, results[side], times[side])
@@ -255,8 +259,17 @@ def main():
     cols = ["workload", "tpu-compile ms", "tpu-strict ms", "cpu-inductor ms", "cpu-eager ms",
             "inductor / tpu-compile", "cpu-eager / tpu-compile", "tpu-strict / tpu-compile",
             "tpu compile s cold / warm (backend part)", "inductor compile s", "copy-back / tpu-compile",
-            "math-sdpa / tpu-compile", "scalar-calls / tpu-compile"]
+            "math-sdpa / tpu-compile", "scalar-calls / tpu-compile",
+            "CPU s per call: compile / strict / inductor (strict / compile, inductor / compile)"]
     rows = []
+
+    def cpu_cell(r):
+        def c(side):
+            return r[side]["median_cpu_s"] if side in r else float("nan")
+
+        tc, ts, ti = c("tpu-compile"), c("tpu-strict"), c("cpu-inductor")
+        return f"{tc:.3f} / {ts:.3f} / {ti:.3f} ({ts / tc:.2f}x, {ti / tc:.2f}x)"
+
     for w, r in results.items():
         def ms(side, r=r):
             return r[side]["median_s"] * 1e3 if side in r else float("nan")
@@ -273,7 +286,7 @@ def main():
                      f"{r.get('cpu-inductor', {}).get('compile_s', float('nan')):.2f}",
                      f"{ratio('tpu-compile-copies', 'tpu-compile'):.2f}x",
                      f"{ratio('tpu-compile-math-sdpa', 'tpu-compile'):.2f}x",
-                     f"{ratio('tpu-compile-scalar-calls', 'tpu-compile'):.2f}x"])
+                     f"{ratio('tpu-compile-scalar-calls', 'tpu-compile'):.2f}x", cpu_cell(r)])
     if args.markdown:
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))
