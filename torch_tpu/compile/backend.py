@@ -12,7 +12,6 @@ import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._decomp.decompositions import native_batch_norm_helper
 
-from .. import _C
 from . import device_interface, graph_compiler, routing, stats
 from .dynamic import compile_bucketed
 from .errors import passthrough
@@ -41,76 +40,8 @@ def _decompositions():
     # PyTorch's own var/var_mean decompositions go through prims; these stay in ATen ops the IR lowers
     table[aten.var_mean.correction] = _var_mean
     table[aten.var.correction] = _var
-    # the flash attention op stays one op (see _route_sdpa_to_flash)
-    table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     # _foreach_* ops stay whole in the trace: the graph compiler splits them per tensor (foreach.expand)
     return table
-
-
-_FLASH_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def _flash_allowed(q, k, v, kwargs: dict, in_autocast: bool) -> bool:
-    """The cases csrc/aten/ops_attention.cc's flash_allowed takes the flash kernel in, for the
-    example values of a Dynamo graph (no attention mask: the math path's mask handling stays;
-    inside autocast only inputs already in a lower precision, which autocast would not cast)."""
-    if set(kwargs) - {"attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"}:
-        return False
-    if kwargs.get("attn_mask") is not None or kwargs.get("dropout_p", 0.0) != 0.0:
-        return False
-    if not isinstance(kwargs.get("is_causal", False), bool) or not torch.backends.cuda.flash_sdp_enabled():
-        return False
-    if not isinstance(kwargs.get("scale"), (float, int, type(None))):
-        return False
-    ts = (q, k, v)
-    if not all(isinstance(t, torch.Tensor) for t in ts):
-        return False
-    if any(t.dim() != 4 or t.stride(-1) != 1 or t.numel() == 0 or t.dtype != q.dtype
-           for t in ts):
-        return False
-    if q.dtype not in _FLASH_DTYPES or any(t.device.type != "tpu" for t in ts):
-        return False
-    if in_autocast and q.dtype in (torch.float32, torch.float64):
-        return False
-    if q.dtype == torch.float32 and (torch.get_float32_matmul_precision() != "highest"
-                                     or _C._effective_matmul_precision() != "highest"):
-        return False
-    return bool(q.shape[0] == k.shape[0] == v.shape[0] and q.shape[1] == k.shape[1] == v.shape[1]
-                and q.shape[3] == k.shape[3] == v.shape[3] and k.shape[2] == v.shape[2])
-
-
-def _sdpa_flash(q, k, v, is_causal=False, scale=None):
-    """scaled_dot_product_attention as ATen's blocked (flash) kernel: its output."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(q, k, v, 0.0, is_causal, scale=scale)[0]
-
-
-def _route_sdpa_to_flash(gm: torch.fx.GraphModule) -> int:
-    """Dynamo's ``scaled_dot_product_attention`` calls that strict mode would run as the flash
-    kernel (forward and backward one ATen op each, no T x S scores in HBM) call it directly:
-    AOTAutograd would otherwise trace the composite's math path (bmm, softmax, masks). Returns
-    how many were routed."""
-    sdpa = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
-    depth = 0
-    routed = 0
-    for n in list(gm.graph.nodes):
-        if n.op != "call_function":
-            continue
-        name = getattr(n.target, "__name__", "")
-        if name == "_enter_autocast":
-            depth += 1
-        elif name == "_exit_autocast":
-            depth = max(depth - 1, 0)
-        if n.target not in sdpa or len(n.args) != 3:
-            continue
-        vals = [a.meta.get("example_value") if isinstance(a, torch.fx.Node) else None for a in n.args]
-        if not _flash_allowed(*vals, dict(n.kwargs), depth > 0):
-            continue
-        n.target = _sdpa_flash
-        n.kwargs = {"is_causal": n.kwargs.get("is_causal", False), "scale": n.kwargs.get("scale")}
-        routed += 1
-    if routed:
-        gm.recompile()
-    return routed
 
 
 def _batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
@@ -186,7 +117,6 @@ def compile_static(gm: torch.fx.GraphModule, example_inputs: list, options: Comp
     """
     from torch._dynamo.backends.common import aot_autograd  # not at module level: importing Dynamo costs ~1.5 s
 
-    _route_sdpa_to_flash(gm)
     backend = aot_autograd(
         fw_compiler=_compile_graph("forward", options, gm),
         bw_compiler=_compile_graph("backward", options, gm),
