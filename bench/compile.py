@@ -12,8 +12,8 @@ Sides: ``tpu-compile`` (torch.compile(backend="tpu") on the vTPU), ``tpu-strict`
 (eager on the vTPU), ``cpu-inductor`` (torch.compile, inductor, on CPU tensors) and
 ``cpu-eager``; on request (--sides) ``tpu-compile-copies``, tpu-compile with region results
 copied back into parameters and optimizer state instead of written in place (the program
-cache off for it); ``tpu-compile-math-sdpa`` (SDPA's math path: the flash routing off) and
-``tpu-compile-scalar-calls`` (0-dim CPU chains as library calls: the scalars step off) likewise.
+cache off for it); ``tpu-compile-scalar-calls`` (0-dim CPU chains as library calls: the
+scalars step off) likewise.
 Each side runs --warmup calls (the first compiles); then --steps rounds
 time one call of every side in turn (interleaved, so that other jobs' load falls on all
 alike); the figure is each side's median (tpu calls end with a synchronize), and the median
@@ -121,9 +121,7 @@ SIDES = {
     "cpu-eager": ("cpu", False, None),
     # tpu-compile with the in-place rule off (results copied back, as before it): --sides to add it
     "tpu-compile-copies": ("tpu", True, "tpu"),
-    # tpu-compile with SDPA's math path (the flash routing off) / with 0-dim CPU chains as library
-    # calls (the scalars step off): --sides to add them
-    "tpu-compile-math-sdpa": ("tpu", True, "tpu"),
+    # tpu-compile with 0-dim CPU chains as library calls (the scalars step off): --sides to add it
     "tpu-compile-scalar-calls": ("tpu", True, "tpu"),
 }
 DEFAULT_SIDES = ("tpu-compile", "tpu-strict", "cpu-inductor", "cpu-eager")
@@ -131,14 +129,13 @@ DEFAULT_SIDES = ("tpu-compile", "tpu-strict", "cpu-inductor", "cpu-eager")
 
 def _patched(side):
     """(module, attribute, replacement) that turns a rule off for a comparison side."""
-    if side not in ("tpu-compile-copies", "tpu-compile-math-sdpa", "tpu-compile-scalar-calls"):
+    if side not in ("tpu-compile-copies", "tpu-compile-scalar-calls"):
         return None
-    from torch_tpu.compile import backend, builder, host_scalars
+    from torch_tpu.compile import builder, host_scalars
 
     return {
         # region results copied back into parameters and optimizer state, as before the in-place rule
         "tpu-compile-copies": (builder, "_write_in_place", lambda steps, step_nodes, *a: (steps, step_nodes)),
-        "tpu-compile-math-sdpa": (backend, "_route_sdpa_to_flash", lambda gm: 0),
         "tpu-compile-scalar-calls": (host_scalars, "find", lambda body, outs: ([], [])),
     }.get(side)
 
@@ -261,7 +258,7 @@ def main():
     cols = ["workload", "tpu-compile ms", "tpu-strict ms", "cpu-inductor ms", "cpu-eager ms",
             "inductor / tpu-compile", "cpu-eager / tpu-compile", "tpu-strict / tpu-compile",
             "tpu compile s cold / warm (backend part)", "inductor compile s", "copy-back / tpu-compile",
-            "math-sdpa / tpu-compile", "scalar-calls / tpu-compile",
+            "scalar-calls / tpu-compile",
             "CPU s per call: compile / strict / inductor (strict / compile, inductor / compile)"]
     rows = []
 
@@ -287,7 +284,6 @@ def main():
                      f"{tc.get('warm_compile_s', float('nan')):.1f} ({tc.get('warm_backend_s', float('nan')):.2f})",
                      f"{r.get('cpu-inductor', {}).get('compile_s', float('nan')):.2f}",
                      f"{ratio('tpu-compile-copies', 'tpu-compile'):.2f}x",
-                     f"{ratio('tpu-compile-math-sdpa', 'tpu-compile'):.2f}x",
                      f"{ratio('tpu-compile-scalar-calls', 'tpu-compile'):.2f}x", cpu_cell(r)])
     if args.markdown:
         print("| " + " | ".join(cols) + " |")
