@@ -13,6 +13,8 @@ import operator
 import torch
 import torch.fx
 
+from .host_scalars import round32
+
 _BASES = ("add", "sub", "mul", "div", "addcmul", "addcdiv", "sqrt", "rsqrt", "neg", "reciprocal", "pow", "lerp",
           "maximum", "minimum", "clamp_min", "clamp_max", "abs", "exp", "log", "sign", "sigmoid", "tanh")
 _KWARG_ONLY = ("alpha", "value")  # keyword-only in the per-tensor ops, positional in some foreach ones
@@ -77,6 +79,17 @@ def _per_tensor(graph: torch.fx.Graph, op, pos: list, kw: dict, val) -> torch.fx
                 for m in (scaled, prod, out):
                     m.meta["val"] = val
                 return out
+    if (op is aten.lerp.Scalar and len(pos) == 3 and not kw and isinstance(pos[2], (int, float))
+            and val.dtype == torch.float32 and _same_type(pos[:2], val)):
+        # core ATen's lerp: coeff * (end - start) + base, coeff and base picked by |weight| >= 0.5
+        start, end, w = pos[0], pos[1], round32(float(pos[2]))
+        coeff, base = (round32(w - 1.0), end) if abs(w) >= 0.5 else (w, start)
+        diff = graph.call_function(aten.sub.Tensor, (end, start))
+        scaled = graph.call_function(aten.mul.Tensor, (diff, coeff))
+        out = graph.call_function(aten.add.Tensor, (scaled, base))
+        for m in (diff, scaled, out):
+            m.meta["val"] = val
+        return out
     m = graph.call_function(op, tuple(pos), kw)
     m.meta["val"] = val
     return m

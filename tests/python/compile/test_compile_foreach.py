@@ -38,7 +38,7 @@ def test_functional_foreach_ops_equal_cpu():
         y = torch._foreach_addcdiv(y, a, c, [0.5, 1.0, 2.0])
         z = torch._foreach_pow(torch._foreach_sqrt(y), 2.5)
         z = torch._foreach_maximum(z, a)
-        z = torch._foreach_lerp(z, b, 0.3)
+        z = torch._foreach_lerp(torch._foreach_lerp(z, b, 0.3), a, 0.8)
         return torch._foreach_clamp_min(torch._foreach_exp(torch._foreach_neg(z)), 0.2)
 
     got, want, _, _ = _run(f, _lists())
@@ -46,6 +46,7 @@ def test_functional_foreach_ops_equal_cpu():
         assert x.device.type == "tpu" and x.shape == y.shape
         torch.testing.assert_close(x.cpu(), y, rtol=1e-5, atol=1e-6)
     assert _foreach_calls() == {}
+    assert "aten::lerp.Scalar" not in torch_tpu.compile_stats()["library_calls"]  # split as core ATen does
 
 
 def test_in_place_foreach_updates_inputs():
