@@ -12,9 +12,12 @@ Sides: ``tpu-compile`` (torch.compile(backend="tpu") on the vTPU), ``tpu-strict`
 (eager on the vTPU), ``cpu-inductor`` (torch.compile, inductor, on CPU tensors) and
 ``cpu-eager``; on request (--sides) ``tpu-compile-copies``, tpu-compile with region results
 copied back into parameters and optimizer state instead of written in place (the program
-cache off for it). Each side runs --warmup calls (the first compiles); then --steps rounds
+cache off for it); ``tpu-compile-scalar-calls`` (0-dim CPU chains as library calls: the
+scalars step off) likewise.
+Each side runs --warmup calls (the first compiles); then --steps rounds
 time one call of every side in turn (interleaved, so that other jobs' load falls on all
-alike); the figure is each side's median (tpu calls end with a synchronize). Peak RSS is the
+alike); the figure is each side's median (tpu calls end with a synchronize), and the median
+process CPU seconds of a call (all threads; steadier than wall time on a loaded machine). Peak RSS is the
 process's, after the workload's sides ran. Compile seconds:
 the first call's time minus a steady call's (Dynamo and AOTAutograd tracing included);
 in parentheses the backend's own part (``compile_stats()["compile_seconds"]``: lowering,
@@ -118,24 +121,37 @@ SIDES = {
     "cpu-eager": ("cpu", False, None),
     # tpu-compile with the in-place rule off (results copied back, as before it): --sides to add it
     "tpu-compile-copies": ("tpu", True, "tpu"),
+    # tpu-compile with 0-dim CPU chains as library calls (the scalars step off): --sides to add it
+    "tpu-compile-scalar-calls": ("tpu", True, "tpu"),
 }
 DEFAULT_SIDES = ("tpu-compile", "tpu-strict", "cpu-inductor", "cpu-eager")
 
 
-def _copy_back(compile_fn):
-    """Run `compile_fn` with the in-place rule off (region results copied back into parameters
-    and optimizer state, as before it) and the program cache off, so that no program built with
-    the rule is reused."""
-    from torch_tpu.compile import builder
+def _patched(side):
+    """(module, attribute, replacement) that turns a rule off for a comparison side."""
+    if side not in ("tpu-compile-copies", "tpu-compile-scalar-calls"):
+        return None
+    from torch_tpu.compile import builder, host_scalars
 
-    saved, env = builder._write_in_place, os.environ.get("TORCH_TPU_CACHE_DIR")
-    builder._write_in_place = lambda steps, step_nodes, *a: (steps, step_nodes)
+    return {
+        # region results copied back into parameters and optimizer state, as before the in-place rule
+        "tpu-compile-copies": (builder, "_write_in_place", lambda steps, step_nodes, *a: (steps, step_nodes)),
+        "tpu-compile-scalar-calls": (host_scalars, "find", lambda body, outs: ([], [])),
+    }.get(side)
+
+
+def _without_rule(side, compile_fn):
+    """Run `compile_fn` with `side`'s rule off and the program cache off, so that no program
+    built with the rule is reused (and none built without it is kept)."""
+    mod, name, repl = _patched(side)
+    saved, env = getattr(mod, name), os.environ.get("TORCH_TPU_CACHE_DIR")
+    setattr(mod, name, repl)
     os.environ["TORCH_TPU_CACHE_DIR"] = ""
     program_cache.clear_memory_cache()
     try:
         return compile_fn()
     finally:
-        builder._write_in_place = saved
+        setattr(mod, name, saved)
         os.environ["TORCH_TPU_CACHE_DIR"] = env
         program_cache.clear_memory_cache()
 
@@ -156,7 +172,7 @@ def prepare(workload, side, args):
         sync(device)
         return first
 
-    first = _copy_back(first_calls) if side == "tpu-compile-copies" else first_calls()
+    first = _without_rule(side, first_calls) if _patched(side) else first_calls()
     res = {"first_call_s": first}
     if side == "tpu-compile":
         res["cold_backend_s"] = torch_tpu.compile_stats()["compile_seconds"] - stats0["compile_seconds"]
@@ -194,17 +210,20 @@ def measure_workload(workload, sides, args):
     rounds), so that load from other jobs falls on all sides alike."""
     torch._dynamo.reset()
     calls, results, times = {}, {}, {s: [] for s in sides}
+    cpu_times = {s: [] for s in sides}
     for side in sides:
         calls[side], results[side] = prepare(workload, side, args)
     for _ in range(args.steps):
         for side in sides:
             device = SIDES[side][0]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             calls[side]()
             sync(device)
             times[side].append(time.perf_counter() - t0)
+            cpu_times[side].append(time.process_time() - c0)
     for side in sides:
         results[side]["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        results[side]["median_cpu_s"] = statistics.median(cpu_times[side])
     # tpu-compile's warm compile resets Dynamo: last
     for side in sorted(sides, key=lambda s: s == "tpu-compile"):
         finish(workload, side, args, results[side], times[side])
@@ -238,8 +257,18 @@ def main():
 
     cols = ["workload", "tpu-compile ms", "tpu-strict ms", "cpu-inductor ms", "cpu-eager ms",
             "inductor / tpu-compile", "cpu-eager / tpu-compile", "tpu-strict / tpu-compile",
-            "tpu compile s cold / warm (backend part)", "inductor compile s", "copy-back / tpu-compile"]
+            "tpu compile s cold / warm (backend part)", "inductor compile s", "copy-back / tpu-compile",
+            "scalar-calls / tpu-compile",
+            "CPU s per call: compile / strict / inductor (strict / compile, inductor / compile)"]
     rows = []
+
+    def cpu_cell(r):
+        def c(side):
+            return r[side]["median_cpu_s"] if side in r else float("nan")
+
+        tc, ts, ti = c("tpu-compile"), c("tpu-strict"), c("cpu-inductor")
+        return f"{tc:.3f} / {ts:.3f} / {ti:.3f} ({ts / tc:.2f}x, {ti / tc:.2f}x)"
+
     for w, r in results.items():
         def ms(side, r=r):
             return r[side]["median_s"] * 1e3 if side in r else float("nan")
@@ -254,7 +283,8 @@ def main():
                      f"{tc.get('cold_compile_s', float('nan')):.1f} ({tc.get('cold_backend_s', float('nan')):.2f}) / "
                      f"{tc.get('warm_compile_s', float('nan')):.1f} ({tc.get('warm_backend_s', float('nan')):.2f})",
                      f"{r.get('cpu-inductor', {}).get('compile_s', float('nan')):.2f}",
-                     f"{ratio('tpu-compile-copies', 'tpu-compile'):.2f}x"])
+                     f"{ratio('tpu-compile-copies', 'tpu-compile'):.2f}x",
+                     f"{ratio('tpu-compile-scalar-calls', 'tpu-compile'):.2f}x", cpu_cell(r)])
     if args.markdown:
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))

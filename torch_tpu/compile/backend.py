@@ -24,7 +24,7 @@ _registered = False
 
 def _decompositions():
     """Core ATen decompositions, plus: batch norm forward as reductions and
-    elementwise work the IR lowers, var/var_mean in ATen ops, _foreach_* per tensor;
+    elementwise work the IR lowers, var/var_mean in ATen ops;
     minus layer norm's backward (ATen's kernel runs)."""
     table = dict(core_aten_decompositions())
     aten = torch.ops.aten
@@ -40,58 +40,8 @@ def _decompositions():
     # PyTorch's own var/var_mean decompositions go through prims; these stay in ATen ops the IR lowers
     table[aten.var_mean.correction] = _var_mean
     table[aten.var.correction] = _var
-    table.update(_foreach_decompositions())
+    # _foreach_* ops stay whole in the trace: the graph compiler splits them per tensor (foreach.expand)
     return table
-
-
-# _foreach_* ops (optimizers' multi-tensor path) become one ATen op per tensor, which
-# fuse per parameter; kept as library calls they would each be a separate pass.
-_FOREACH_BASES = ("add", "sub", "mul", "div", "addcmul", "addcdiv", "sqrt", "rsqrt", "neg", "reciprocal",
-                  "pow", "lerp", "maximum", "minimum", "clamp_min", "clamp_max", "abs", "exp", "log", "sign",
-                  "sigmoid", "tanh")
-_KWARG_ONLY = ("alpha", "value")  # keyword-only in the per-tensor ops, positional in some foreach ones
-
-
-def _foreach_decompositions():
-    table = {}
-    for base in _FOREACH_BASES:
-        packet = getattr(torch.ops.aten, f"_foreach_{base}", None)
-        per_tensor = getattr(torch.ops.aten, base, None)
-        if packet is None or per_tensor is None:
-            continue
-        for name in packet.overloads():
-            op = getattr(packet, name)
-            args = op._schema.arguments
-            kinds = []
-            for a in args:
-                t = str(a.type)
-                kinds.append("list" if t in ("List[Tensor]", "Tensor[]", "List[number]", "Scalar[]") else
-                             "other" if t in ("Tensor", "number", "Scalar", "Optional[number]") else None)
-            if None in kinds or "list" not in kinds or len(op._schema.returns) != 1:
-                continue
-            if name == "Tensor" and base in ("addcmul", "addcdiv"):  # per-element scalars tensor
-                continue
-            table[op] = _make_foreach(per_tensor, [a.name for a in args], kinds)
-    return table
-
-
-def _make_foreach(per_tensor, names, kinds):
-    def decomposition(*args, **kwargs):
-        vals = list(args) + [kwargs[n] for n in names[len(args):] if n in kwargs]
-        n = next(len(v) for v, k in zip(vals, kinds) if k == "list")
-        out = []
-        for i in range(n):
-            pos, kw = [], {}
-            for name, v, k in zip(names, vals, kinds):
-                x = v[i] if k == "list" else v
-                if name in _KWARG_ONLY:
-                    kw[name] = x
-                else:
-                    pos.append(x)
-            out.append(per_tensor(*pos, **kw))
-        return out
-
-    return decomposition
 
 
 def _batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps):

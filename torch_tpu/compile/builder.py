@@ -17,6 +17,7 @@ import torch
 import torch.fx
 
 from .. import _C
+from . import host_scalars
 from .cache import FORMAT_VERSION, Uncacheable
 from .description import encode, object_table, op_name, records_to_json, slots_in, step_reads, target_name, type_str
 from .lowering import (
@@ -64,7 +65,15 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     nodes = list(graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     output_node = next(n for n in nodes if n.op == "output")
-    body = [n for n in nodes if n.op not in ("placeholder", "output")]
+    all_body = [n for n in nodes if n.op not in ("placeholder", "output")]
+    out_args = output_node.args[0]
+    graph_outputs = set()
+    torch.fx.node.map_arg(out_args, lambda x: graph_outputs.add(x))
+    # 0-dim CPU chains that depend only on graph inputs (an optimizer's bias corrections):
+    # one step of Python float arithmetic, run first (see host_scalars)
+    host, host_writes = host_scalars.find(all_body, graph_outputs) if fuse else ([], [])
+    on_host = set(host) | set(host_writes)
+    body = [n for n in all_body if n not in on_host]
 
     # ---- partition into regions (cycle-free through library calls)
     fusible_nodes = {n for n in body if fusible(n)} if fuse else set()
@@ -149,16 +158,15 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     for i, p in enumerate(placeholders):
         slot_of[p] = i
     next_slot = len(placeholders)
-    for n in body:
+    for n in all_body:
         slot_of[n] = next_slot
         next_slot += 1
 
-    out_args = output_node.args[0]
-    graph_outputs = set()
-    torch.fx.node.map_arg(out_args, lambda x: graph_outputs.add(x))
-
     steps: list[dict[str, Any]] = []
     step_nodes: list[list[torch.fx.Node]] = []
+    if host:
+        steps.append(host_scalars.step(host, host_writes, slot_of, graph_outputs))
+        step_nodes.append(host + host_writes)
     region_members: dict[int, list[torch.fx.Node]] = {}
     device_index = 0
     for p in placeholders:
@@ -244,7 +252,7 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
 
     # ---- peak physical HBM bytes
     root: dict[torch.fx.Node, torch.fx.Node] = {}
-    for n in body:
+    for n in all_body:
         base = n
         if n.op == "call_function" and returns_alias(n.target) and n.args and isinstance(n.args[0], torch.fx.Node):
             base = root.get(n.args[0], n.args[0])

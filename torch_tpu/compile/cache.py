@@ -35,7 +35,7 @@ from . import stats
 log = logging.getLogger("torch_tpu.compile")
 
 # Version of the program description format: part of every key, and checked on each disk entry.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 
 class Uncacheable(Exception):

@@ -5,7 +5,8 @@ A description is a dict (``format``, ``kind``, ``steps``, ``free_after``, ``outp
 slot and byte counts, MLIR type strings). Each step reads and writes *slots* (one per FX
 value): a ``region`` carries its IR op records, a ``call`` / ``getitem`` its op name and
 encoded arguments, ``copies`` its (destination, source) slot pairs, ``getattr`` a graph
-constant's name. Arguments are JSON: ``{"$": slot}`` for a value, ``{"l": [...]}`` for a
+constant's name, ``scalars`` the 0-dim CPU ops it evaluates on the host (call records,
+:mod:`.host_scalars`). Arguments are JSON: ``{"$": slot}`` for a value, ``{"l": [...]}`` for a
 list, ``{"dtype": ...}`` and the like for torch objects.
 """
 
@@ -201,6 +202,8 @@ def step_reads(st) -> list[int]:
         return []
     if st["kind"] == "copies":
         return [x for pair in st["pairs"] for x in pair]
+    if st["kind"] == "scalars":
+        return list(st["inputs"])
     return slots_in(st["args"]) + slots_in(st["kwargs"])
 
 

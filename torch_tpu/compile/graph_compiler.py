@@ -25,7 +25,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 
-from . import background, cache, stats, xla_executor
+from . import background, cache, foreach, stats, xla_executor
 from .builder import build_description
 from .description import library_ops, op_name
 from .errors import passthrough
@@ -99,6 +99,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: list, kind: str,
         stats.count_library_ops(op_name(n.target) for n in gm.graph.nodes
                                 if n.op == "call_function" and op_name(n.target))
         return _op_by_op(gm)
+    foreach.expand(gm)
     gm.graph.eliminate_dead_code()
     _cse(gm)
     gm.graph.eliminate_dead_code()
@@ -217,6 +218,7 @@ def _report(prog: Program, desc, gm, kind: str, key: str | None, opts: CompileOp
     """Counters, the StableHLO dump and ``debug_callback`` of a program just built or loaded."""
     stats.add("regions", len(prog.regions))
     stats.count_library_ops(library_ops(desc))
+    stats.count("host_scalar_ops", [o["op"] for st in desc["steps"] if st["kind"] == "scalars" for o in st["ops"]])
     stats.add("compile_seconds", time.perf_counter() - t0)
     k = key or "uncached"
     text = None

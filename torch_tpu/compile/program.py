@@ -8,7 +8,7 @@ import torch
 import torch.fx
 
 from .. import _C
-from . import stats
+from . import host_scalars, stats
 from .description import decode, object_table, records_from_json, resolve_op, step_reads
 from .errors import passthrough
 
@@ -82,6 +82,8 @@ class Program:
                     env[o] = t
 
             return run_copies
+        if st["kind"] == "scalars":
+            return host_scalars.make_runner(st)
         if st["kind"] == "getattr":
             if gm is None:
                 raise RuntimeError("program with graph constants needs its GraphModule")

@@ -125,6 +125,10 @@ def lower(desc: dict[str, Any], name: str = "program", precision: str | None = N
                 env[o] = nv
                 if d < n_in:
                     mutated[d] = nv
+        elif kind == "scalars":  # host float arithmetic: the ops as they are (0-dim tensors)
+            for sub in st["ops"]:
+                if not (sub["op"] == "aten::copy_.default" and _copy_call(em, sub, env, n_in, mutated)):
+                    _lower_call(em, sub, env, {}, low)
         elif kind == "getattr":
             env[st["outputs"][0]] = _NonTensor(f"graph constant {st['name']}")
         elif kind == "getitem":

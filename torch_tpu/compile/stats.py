@@ -29,6 +29,7 @@ def _fresh_compile() -> dict[str, Any]:
         "graphs": 0,
         "regions": 0,
         "library_calls": collections.Counter(),
+        "host_scalar_ops": collections.Counter(),
         "recompile_reasons": [],
         "graph_breaks": 0,
         "graph_break_reasons": [],
@@ -126,6 +127,8 @@ def compile_stats() -> dict[str, Any]:
       or loaded.
     * ``library_calls``: ``{"aten::mm": n, ...}``, the ATen ops the programs run as
       library calls (not lowered to the IR), counted once per op in each program.
+    * ``host_scalar_ops``: ``{"aten::pow.Scalar": n, ...}``, the 0-dim CPU tensor ops the programs
+      evaluate as Python floats in their ``scalars`` step instead (an optimizer's bias corrections).
     * ``recompile_reasons``: Dynamo's guard-failure reasons, one string per recompilation.
     * ``graph_breaks`` / ``graph_break_reasons``: Dynamo graph breaks (count and reasons).
     * ``corrupt_cache_entries``: disk entries found truncated or corrupted (rebuilt).
