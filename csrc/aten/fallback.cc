@@ -660,7 +660,7 @@ void normalize_optional_tensor_lists(const c10::FunctionSchema& schema, torch::j
 
 void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpInfo& info = op_info(op);
-  normalize_optional_tensor_lists(op.schema(), stack);
+  if (info.has_optional_tensor_list) normalize_optional_tensor_lists(op.schema(), stack);
   TORCH_CHECK_NOT_IMPLEMENTED(!info.sparse, info.label,
                               ": sparse tensors are not supported on tpu (TPUs "
                               "have no sparse layouts); use dense tensors");

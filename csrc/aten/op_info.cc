@@ -67,6 +67,11 @@ OpInfo* build(const c10::OperatorHandle& op) {
   info->returns_only_tensors = returns_only_tensors(schema);
   for (size_t r = 0; r < schema.returns().size(); ++r) info->returns.push_back(return_alias(schema, r));
   for (const auto& a : schema.arguments()) info->writes_args |= (alias_of(a) && alias_of(a)->isWrite());
+  for (const auto& a : schema.arguments()) {
+    const auto* list = a.type()->castRaw<c10::ListType>();
+    const auto* elem = list ? list->getElementType()->castRaw<c10::OptionalType>() : nullptr;
+    info->has_optional_tensor_list |= elem && elem->getElementType()->kind() == c10::TypeKind::TensorType;
+  }
   info->matmul = is_matmul_family(op);
   // Ops whose meta kernels disagree with their CPU kernels (output dtypes or
   // shapes), or whose CPU out= kernels resize or re-stride their outputs:

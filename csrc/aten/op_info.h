@@ -37,7 +37,8 @@ struct OpInfo {
   // Some calls' meta kernels disagree with the CPU kernel: those run synchronously
   // (kFactoryOut: arange/linspace/logspace into a shaped out=; kEmptyDims: nansum(dim=[])).
   enum class MetaCheck { kNone, kFactoryOut, kEmptyDims, kLayerNormDtype } meta_check = MetaCheck::kNone;
-  bool quantized = false;  // creates quantized tensors: NotImplementedError at the call
+  bool quantized = false;                 // creates quantized tensors: NotImplementedError at the call
+  bool has_optional_tensor_list = false;  // a Tensor?[] argument (index lists)
 };
 
 // Thread-safe; the reference stays valid for the life of the process.
