@@ -5,6 +5,7 @@
 #include "aten/op_cost.h"
 #include "defer/defer.h"
 #include "runtime/allocator.h"
+#include "runtime/calling_thread.h"
 #include "runtime/device.h"
 #include "runtime/dry_run.h"
 #include "runtime/errors.h"
@@ -91,12 +92,18 @@ at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_
       enqueue_copy(stream, TensorRecipe::of(dst), TensorRecipe::of(source));
     } else if (source.nbytes() <= kSnapshotBytes) {
       // Pageable memory may change once we return: queue a snapshot.
-      enqueue_copy(stream, TensorRecipe::of(dst), TensorRecipe::of(source.clone()));
+      at::Tensor snapshot;
+      {
+        SerialOnCallingThread serial;
+        snapshot = source.clone();
+      }
+      enqueue_copy(stream, TensorRecipe::of(dst), TensorRecipe::of(snapshot));
     } else {
-      // Large pageable copies wait for the stream and copy directly, as
-      // cudaMemcpy does: a snapshot would cost a second pass over the data.
+      // Large pageable copies return once done, as cudaMemcpy does: a
+      // snapshot would cost a second pass over the data. The worker copies,
+      // so the calling thread starts no OpenMP team (calling_thread.h).
+      enqueue_copy(stream, TensorRecipe::of(dst), TensorRecipe::of(source));
       synchronize_stream(stream);
-      host_alias(dst).copy_(source);
     }
     return dst;
   }
@@ -107,8 +114,9 @@ at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_
     enqueue_copy(stream, TensorRecipe::of(dst), TensorRecipe::of(source));
     return dst;
   }
+  // Copied by the worker, waited for: the calling thread starts no OpenMP team.
+  enqueue_copy(stream, TensorRecipe::of(dst), TensorRecipe::of(source));
   synchronize_stream(stream);
-  dst.copy_(host_alias(source));
   return dst;
 }
 
