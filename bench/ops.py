@@ -1,5 +1,8 @@
 """Operator benchmark: about 20 common operators at three sizes, vTPU against
-CPU eager in the same process. Each figure is the median over repeats of the
+CPU eager, interleaved op by op. CPU eager runs in a child process that never
+loads torch_tpu: in one process, the stream worker's OpenMP team and the main
+thread's would make libgomp stop spinning and slow both sides' parallel
+kernels (docs/limits.md). Each figure is the median over repeats of the
 time to issue `--iters` calls and wait for them (tpu: torch.tpu.synchronize()),
 divided by `--iters`; the last column is tpu / cpu.
 
@@ -23,7 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-import torch_tpu  # noqa: F401
+CPU_PEER = "--cpu-peer"  # child mode: reads "n op_index" lines, answers the CPU time in seconds
 
 
 def ops(n: int):
@@ -67,6 +70,8 @@ def ops(n: int):
 
 
 def measure(fn, args, iters, repeats, sync):
+    # First let the other side's idle OpenMP threads stop spinning (libgomp spins ~3 ms).
+    time.sleep(0.02)
     fn(*args)
     sync()
     samples = []
@@ -95,20 +100,45 @@ def main():
         os.environ["PYTHONPATH"] = os.pathsep.join([here] + [p for p in path.split(os.pathsep) if p])
     if a.ab:
         return ab(a)
+    import torch_tpu  # noqa: F401  (not in the CPU peer)
+
+    peer = CpuPeer()
     print(f"{'op':22} {'n':>5} {'tpu us':>10} {'cpu us':>10} {'tpu/cpu':>8}")
     ratios = {}
     for n in [int(s) for s in a.sizes.split(",")]:
         iters = a.iters if n <= 1024 else max(2, a.iters // 10)
-        for name, fn, make in ops(n):
+        for index, (name, fn, make) in enumerate(ops(n)):
             torch.manual_seed(0)
-            cpu_args = make("cpu")
-            tpu_args = tuple(t.to("tpu") for t in cpu_args)
-            c = measure(fn, cpu_args, iters, a.repeats, lambda: None)
+            tpu_args = make("tpu")  # built on the chip: CPU kernels here would start a second OpenMP team
+            c = peer.measure(n, index, iters, a.repeats)
             t = measure(fn, tpu_args, iters, a.repeats, torch.tpu.synchronize)
             ratios.setdefault(n, []).append(t / c)
             print(f"{name:22} {n:5d} {t * 1e6:10.1f} {c * 1e6:10.1f} {t / c:8.2f}", flush=True)
     for n, r in ratios.items():
         print(f"n={n}: geometric-mean tpu/cpu {statistics.geometric_mean(r):.2f}")
+
+
+class CpuPeer:
+    """CPU eager timings from a child process that never loads torch_tpu."""
+
+    def __init__(self):
+        env = os.environ | {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+        self.child = subprocess.Popen(
+            [sys.executable, __file__, CPU_PEER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def measure(self, n, index, iters, repeats):
+        self.child.stdin.write(f"{n} {index} {iters} {repeats}\n")
+        self.child.stdin.flush()
+        return float(self.child.stdout.readline())
+
+
+def serve_cpu_peer():
+    for line in sys.stdin:
+        n, index, iters, repeats = map(int, line.split())
+        _, fn, make = ops(n)[index]
+        torch.manual_seed(0)
+        print(measure(fn, make("cpu"), iters, repeats, lambda: None), flush=True)
 
 
 def ab(a):
@@ -152,4 +182,4 @@ def ab(a):
 
 
 if __name__ == "__main__":
-    main()
+    serve_cpu_peer() if sys.argv[1:] == [CPU_PEER] else main()
