@@ -360,8 +360,6 @@ KNOWN_OFF = {
     "it layer by layer (docs/estimate.md)",
     "Llama 3.1 405B, 2 x v6e-256": "0.70: even with nothing hidden 0.90; matmuls at the MXU's padded peak "
     "(docs/estimate.md)",
-    "Llama 3.1 405B, tpu7x-512 (256 chips)": "0.82: 27 s of offload at v6e's host-link figure, 107 ms per layer "
-    "against 166 ms of forward compute (docs/estimate.md)",
 }
 # Each row is a dry run of a 8 B - 405 B model (10-45 s); by default two run, all of them with
 # TORCH_TPU_ESTIMATE_PUBLISHED=1 (bench/estimate_published.py prints the same table).
