@@ -357,9 +357,9 @@ def _published(row):
 # The layer-by-layer overlap schedule exposes under 0.05 s of their communication: the gap is compute.
 KNOWN_OFF = {
     "Llama 2 70B, v6e-256": "0.84: 1.09 s of FSDP ICI and 1.79 s of offload hidden, each under the compute beside "
-    "it layer by layer (docs/estimate.md)",
-    "Llama 3.1 405B, 2 x v6e-256": "0.70: even with nothing hidden 0.90; matmuls at the MXU's padded peak "
-    "(docs/estimate.md)",
+    "it layer by layer; no tested change with a public source closes the 0.11 s (docs/estimate.md)",
+    "Llama 3.1 405B, 2 x v6e-256": "0.70: even with nothing hidden 0.90; unpadded MXU-bound products at v6e's peak "
+    "(no published v6e GEMM rate; TPU7x's would give 0.81 and break the 8B rows) (docs/estimate.md)",
 }
 # Each row is a dry run of a 8 B - 405 B model (10-45 s); by default two run, all of them with
 # TORCH_TPU_ESTIMATE_PUBLISHED=1 (bench/estimate_published.py prints the same table).
