@@ -31,7 +31,7 @@ CostBreakdown estimate(const ChipSpec& spec, const OpCost& cost) {
   } else {
     out.vpu_seconds = cost.flops * (cost.emulated ? 6 : 1) / vpu_flops(spec);
   }
-  out.hbm_seconds = (cost.bytes_read + cost.bytes_written) / spec.hbm_bandwidth;
+  out.hbm_seconds = (cost.bytes_read + cost.bytes_written) / (spec.hbm_bandwidth * spec.hbm_sustained_fraction);
   out.overhead_seconds = kLaunchOverheadSeconds;
   out.total_seconds = std::max(out.mxu_seconds + out.vpu_seconds, out.hbm_seconds) + out.overhead_seconds;
   return out;

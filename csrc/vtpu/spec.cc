@@ -10,7 +10,9 @@
 //   [amb]   github.com/AI-Hypercomputer/accelerator-microbenchmarks,
 //           Ironwood/Ironwood_Microbenchmarks_readme.md at 900dce3 (2025-11-19),
 //           "GEMM Results": gemm_multiple_run, bf16, m=n=k, TFLOP/s per device
-//           (a TPU7x chip is two JAX devices, one per TensorCore)
+//           (a TPU7x chip is two JAX devices, one per TensorCore);
+//           Ironwood/guides/hbm/hbm.md at 8fd8a3e (2025-12-06), "Expected bandwidth
+//           for different matrix size": HBM copy, read + write bytes, GB/s per chip
 //   [v4paper] Jouppi et al., "TPU v4: An Optically Reconfigurable
 //           Supercomputer...", ISCA 2023 (arXiv 2304.01433)
 // Per-link ICI bandwidth is the per-chip bidirectional figure divided by the
@@ -124,6 +126,9 @@ std::vector<ChipSpec> build_table() {
   // [amb] m=n=k=32768: 956.3824592 TFLOP/s per device, of the device's half of
   // the chip's 2307 TFLOP/s: 0.829 (16384: 950.13, 0.824; 4096: 892.94, 0.774).
   tpu7x.mxu_sustained_fraction = 956.3824592e12 / (tpu7x.peak_bf16_flops / tpu7x.tensorcores_per_chip);
+  // [amb] HBM copy of 8 GiB: 6420.961823 GB/s per chip of the 7380: 0.870 (at 128 MiB and
+  // above within 1.5 % of it; 2 MiB: 2758.67).
+  tpu7x.hbm_sustained_fraction = 6420.961823e9 / tpu7x.hbm_bandwidth;
   t.push_back(tpu7x);
 
   return t;

@@ -31,6 +31,9 @@ struct ChipSpec {
   // product runs at peak x mxu_efficiency() x this. 1 where no public measurement
   // exists (the peak is then the assumption).
   double mxu_sustained_fraction = 1.0;
+  // Fraction of hbm_bandwidth a large copy sustains, measured (read + write bytes);
+  // 1 where no public measurement exists.
+  double hbm_sustained_fraction = 1.0;
 };
 
 // Throws std::invalid_argument listing the valid generations.
