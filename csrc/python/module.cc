@@ -52,6 +52,8 @@ py::dict spec_dict(const vtpu::ChipSpec& s) {
   d["ici_link_bandwidth"] = s.ici_link_bandwidth;
   d["torus_dims"] = s.torus_dims;
   d["chips_per_host"] = s.chips_per_host;
+  d["mxu_sustained_fraction"] = s.mxu_sustained_fraction;
+  d["hbm_sustained_fraction"] = s.hbm_sustained_fraction;
   return d;
 }
 

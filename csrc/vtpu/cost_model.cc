@@ -27,11 +27,11 @@ CostBreakdown estimate(const ChipSpec& spec, const OpCost& cost) {
   if (cost.mxu) {
     const double efficiency = mxu_efficiency(cost.m, cost.k, cost.n, spec.mxu_size);
     const int passes = cost.emulated ? 6 : std::max(1, cost.passes);
-    out.mxu_seconds = cost.flops * passes / (spec.peak_bf16_flops * efficiency);
+    out.mxu_seconds = cost.flops * passes / (spec.peak_bf16_flops * efficiency * spec.mxu_sustained_fraction);
   } else {
     out.vpu_seconds = cost.flops * (cost.emulated ? 6 : 1) / vpu_flops(spec);
   }
-  out.hbm_seconds = (cost.bytes_read + cost.bytes_written) / spec.hbm_bandwidth;
+  out.hbm_seconds = (cost.bytes_read + cost.bytes_written) / (spec.hbm_bandwidth * spec.hbm_sustained_fraction);
   out.overhead_seconds = kLaunchOverheadSeconds;
   out.total_seconds = std::max(out.mxu_seconds + out.vpu_seconds, out.hbm_seconds) + out.overhead_seconds;
   return out;

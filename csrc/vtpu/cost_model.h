@@ -4,8 +4,12 @@
 // 2·M·K·N for a product), its HBM traffic in physical bytes, and for matrix
 // products the GEMM dimensions M, K, N. Time is the roofline
 //   max(mxu or vpu time, HBM bytes / bandwidth) + a per-launch overhead,
-// where the MXU runs at peak · efficiency, efficiency being the fraction of
-// the array doing useful work once M, K and N are padded up to the MXU size.
+// the bandwidth being the generation's HBM bandwidth times its measured
+// sustained fraction (ChipSpec::hbm_sustained_fraction, 1 where none is published),
+// where the MXU runs at peak · efficiency · the generation's measured sustained
+// fraction (ChipSpec::mxu_sustained_fraction, 1 where none is published),
+// efficiency being the fraction of the array doing useful work once M, K and N
+// are padded up to the MXU size.
 // Output: estimated device seconds, never mixed with measured host seconds.
 #pragma once
 

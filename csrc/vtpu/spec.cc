@@ -7,6 +7,12 @@
 //   [jax]   jax/_src/pallas/mosaic/tpu_info.py (JAX's per-TensorCore hardware
 //           table; the Cloud pages do not list VMEM)
 //   [maxtext] MaxText accelerator_to_spec_map.py: host block of every slice
+//   [amb]   github.com/AI-Hypercomputer/accelerator-microbenchmarks,
+//           Ironwood/Ironwood_Microbenchmarks_readme.md at 900dce3 (2025-11-19),
+//           "GEMM Results": gemm_multiple_run, bf16, m=n=k, TFLOP/s per device
+//           (a TPU7x chip is two JAX devices, one per TensorCore);
+//           Ironwood/guides/hbm/hbm.md at 8fd8a3e (2025-12-06), "Expected bandwidth
+//           for different matrix size": HBM copy, read + write bytes, GB/s per chip
 //   [v4paper] Jouppi et al., "TPU v4: An Optically Reconfigurable
 //           Supercomputer...", ISCA 2023 (arXiv 2304.01433)
 // Per-link ICI bandwidth is the per-chip bidirectional figure divided by the
@@ -117,6 +123,12 @@ std::vector<ChipSpec> build_table() {
   tpu7x.chips_per_host = 4;              // [7x] "Number of vCPUs (4-chip VM)"
   tpu7x.names_count_tensorcores = true;  // tpu7x-8 is one 4-chip VM (2x2x1)
   tpu7x.pod_chips = 9216;                // [7x] "Number of chips per pod 9216"
+  // [amb] m=n=k=32768: 956.3824592 TFLOP/s per device, of the device's half of
+  // the chip's 2307 TFLOP/s: 0.829 (16384: 950.13, 0.824; 4096: 892.94, 0.774).
+  tpu7x.mxu_sustained_fraction = 956.3824592e12 / (tpu7x.peak_bf16_flops / tpu7x.tensorcores_per_chip);
+  // [amb] HBM copy of 8 GiB: 6420.961823 GB/s per chip of the 7380: 0.870 (at 128 MiB and
+  // above within 1.5 % of it; 2 MiB: 2758.67).
+  tpu7x.hbm_sustained_fraction = 6420.961823e9 / tpu7x.hbm_bandwidth;
   t.push_back(tpu7x);
 
   return t;

@@ -27,6 +27,13 @@ struct ChipSpec {
   int chips_per_host;            // chips attached to one host VM in a multi-host slice
   bool names_count_tensorcores;  // "v5p-8" = 8 TensorCores = 4 chips
   int pod_chips;                 // chips in a full pod: the largest slice
+  // Fraction of the peak a large bf16 matrix product sustains, measured: a matrix
+  // product runs at peak x mxu_efficiency() x this. 1 where no public measurement
+  // exists (the peak is then the assumption).
+  double mxu_sustained_fraction = 1.0;
+  // Fraction of hbm_bandwidth a large copy sustains, measured (read + write bytes);
+  // 1 where no public measurement exists.
+  double hbm_sustained_fraction = 1.0;
 };
 
 // Throws std::invalid_argument listing the valid generations.

@@ -22,12 +22,13 @@ class EveryGeneration : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(EveryGeneration, LargeBf16MatmulIsComputeBound) {
   const auto& spec = vtpu::spec_for(GetParam());
-  // 8192^3: dimensions are multiples of both MXU sizes, so efficiency is 1.
+  // 8192^3: dimensions are multiples of both MXU sizes, so efficiency is 1; the MXU runs at
+  // the generation's measured sustained fraction of the peak.
   const auto cost = matmul_bf16(8192, 8192, 8192);
   const auto t = vtpu::estimate(spec, cost);
   const double flops = 2.0 * 8192.0 * 8192.0 * 8192.0;
-  EXPECT_DOUBLE_EQ(t.mxu_seconds, flops / spec.peak_bf16_flops);
-  EXPECT_DOUBLE_EQ(t.hbm_seconds, 3.0 * 8192 * 8192 * 2 / spec.hbm_bandwidth);
+  EXPECT_DOUBLE_EQ(t.mxu_seconds, flops / (spec.peak_bf16_flops * spec.mxu_sustained_fraction));
+  EXPECT_DOUBLE_EQ(t.hbm_seconds, 3.0 * 8192 * 8192 * 2 / (spec.hbm_bandwidth * spec.hbm_sustained_fraction));
   EXPECT_GT(t.mxu_seconds, t.hbm_seconds);
   EXPECT_DOUBLE_EQ(t.total_seconds, t.mxu_seconds + vtpu::kLaunchOverheadSeconds);
 }
@@ -38,9 +39,10 @@ TEST_P(EveryGeneration, SkinnyBf16MatmulIsBandwidthBound) {
   const auto cost = matmul_bf16(8, 8192, 8192);
   const auto t = vtpu::estimate(spec, cost);
   const double bytes = 2.0 * (8 * 8192 + 8192.0 * 8192) + 2.0 * 8 * 8192;
-  EXPECT_DOUBLE_EQ(t.hbm_seconds, bytes / spec.hbm_bandwidth);
+  EXPECT_DOUBLE_EQ(t.hbm_seconds, bytes / (spec.hbm_bandwidth * spec.hbm_sustained_fraction));
   // M = 8 pads to one MXU height: efficiency 8 / mxu_size.
-  EXPECT_DOUBLE_EQ(t.mxu_seconds, cost.flops / (spec.peak_bf16_flops * 8.0 / spec.mxu_size));
+  EXPECT_DOUBLE_EQ(t.mxu_seconds,
+                   cost.flops / (spec.peak_bf16_flops * 8.0 / spec.mxu_size * spec.mxu_sustained_fraction));
   EXPECT_GT(t.hbm_seconds, t.mxu_seconds);
   EXPECT_DOUBLE_EQ(t.total_seconds, t.hbm_seconds + vtpu::kLaunchOverheadSeconds);
 }
@@ -53,7 +55,8 @@ TEST_P(EveryGeneration, ElementwiseRunsAtBytesOverBandwidth) {
   add.bytes_written = 4.0 * 1024 * 1024;
   const auto t = vtpu::estimate(spec, add);
   EXPECT_EQ(t.mxu_seconds, 0);
-  EXPECT_DOUBLE_EQ(t.total_seconds, 12.0 * 1024 * 1024 / spec.hbm_bandwidth + vtpu::kLaunchOverheadSeconds);
+  EXPECT_DOUBLE_EQ(t.total_seconds, 12.0 * 1024 * 1024 / (spec.hbm_bandwidth * spec.hbm_sustained_fraction) +
+                                        vtpu::kLaunchOverheadSeconds);
 }
 
 INSTANTIATE_TEST_SUITE_P(Generations, EveryGeneration, ::testing::Values("v4", "v5e", "v5p", "v6e", "tpu7x"));
@@ -65,6 +68,30 @@ TEST(MxuEfficiency, KOf64OnA128WideMxuIsHalf) {
   auto cost = matmul_bf16(4096, 64, 4096);
   cost.bytes_read = cost.bytes_written = 0;  // compute only
   EXPECT_DOUBLE_EQ(vtpu::estimate(v5e, cost).mxu_seconds, cost.flops / (v5e.peak_bf16_flops * 0.5));
+}
+
+TEST(MxuSustainedFraction, Tpu7xRunsAtTheMeasuredGemmRate) {
+  // accelerator-microbenchmarks' TPU7x GEMM table: 956.3824592 TFLOP/s per device (one of two
+  // TensorCores) at m=n=k=32768, of 2307 / 2 TFLOP/s; no other generation has a published figure.
+  const auto& tpu7x = vtpu::spec_for("tpu7x");
+  EXPECT_DOUBLE_EQ(tpu7x.mxu_sustained_fraction, 956.3824592e12 / 1153.5e12);
+  EXPECT_NEAR(tpu7x.mxu_sustained_fraction, 0.8291, 1e-4);
+  auto cost = matmul_bf16(32768, 32768, 32768);
+  cost.bytes_read = cost.bytes_written = 0;
+  // The chip's two devices together: 2 x 956.38 TFLOP/s.
+  EXPECT_DOUBLE_EQ(vtpu::estimate(tpu7x, cost).mxu_seconds, cost.flops / (2 * 956.3824592e12));
+  for (const char* g : {"v4", "v5e", "v5p", "v6e"}) EXPECT_EQ(vtpu::spec_for(g).mxu_sustained_fraction, 1.0) << g;
+}
+
+TEST(HbmSustainedFraction, Tpu7xCopiesAtTheMeasuredRate) {
+  // accelerator-microbenchmarks' TPU7x HBM copy table: 6420.961823 GB/s per chip (read + write)
+  // for 8 GiB, of the 7380 GB/s the Cloud page gives.
+  const auto& tpu7x = vtpu::spec_for("tpu7x");
+  EXPECT_DOUBLE_EQ(tpu7x.hbm_sustained_fraction, 6420.961823e9 / 7380e9);
+  vtpu::OpCost copy;  // 8 GiB read, 8 GiB written
+  copy.bytes_read = copy.bytes_written = 8.0 * (1ull << 30);
+  EXPECT_DOUBLE_EQ(vtpu::estimate(tpu7x, copy).hbm_seconds, 16.0 * (1ull << 30) / 6420.961823e9);
+  for (const char* g : {"v4", "v5e", "v5p", "v6e"}) EXPECT_EQ(vtpu::spec_for(g).hbm_sustained_fraction, 1.0) << g;
 }
 
 TEST(MxuEfficiency, PaddingAllThreeDimensions) {

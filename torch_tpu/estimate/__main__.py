@@ -68,6 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="bf16 autocast or fp32")
     p.add_argument("--weight-dtype", choices=("fp32", "bf16"), default="fp32",
                    help="parameters (FSDP shards), gradients and AdamW state: fp32 or bf16 (MaxText's weight_dtype)")
+    p.add_argument("--mu-dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="AdamW's first moment: fp32 or bf16 (MaxText's mu_dtype; the TPU7x recipes use bf16)")
     p.add_argument("--fuse", action="store_true",
                    help="price (and allocate) chains of elementwise ops as defer_and_fuse's fused regions instead of "
                         "one op at a time")
@@ -274,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         raw = run(spec, par, attention=args.attention, remat=args.remat, save=names(args.save),
                   offload=names(args.offload), dtype=args.dtype, loss_chunks=args.loss_chunks,
-                  weight_dtype=args.weight_dtype, fuse=args.fuse)
+                  weight_dtype=args.weight_dtype, fuse=args.fuse, mu_dtype=args.mu_dtype)
     except ValueError as e:  # a factory that raises or returns no nn.Module: its message, not a traceback
         raise SystemExit(f"torch_tpu.estimate: error: {e}") from None
     r = report(spec, par, raw, topology=name, overlap="none" if args.no_overlap else args.overlap or "hidden")

@@ -26,6 +26,7 @@ from . import models as M
 from . import remat as R
 from . import schedule as S
 from .flops import mfu, model_flops_per_token
+from .optim import AdamWMu
 from .parallel import Collectives, Parallelism, layer_modules, price_dp_grads, shard_model, tp_hooks
 
 GENERATIONS = ("v4", "v5e", "v5p", "v6e", "tpu7x")
@@ -199,9 +200,11 @@ def _distinct_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() yields tied ones once
 
 
-def _optimizer(spec: ModelSpec, model: nn.Module) -> torch.optim.Optimizer:
-    if spec.kind == "gpt":
+def _optimizer(spec: ModelSpec, model: nn.Module, mu_dtype: str = "fp32") -> torch.optim.Optimizer:
+    if spec.kind == "gpt" and mu_dtype == "fp32":
         return M.make_optimizer(model, 1e-3)  # the demo's AdamW and parameter groups
+    if mu_dtype == "bf16":  # MaxText's mu_dtype=bfloat16: the first moment in bf16
+        return AdamWMu(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, mu_dtype=torch.bfloat16)
     return torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
 
 
@@ -280,17 +283,18 @@ def _bound(device: int) -> dict:
 
 def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "flash", remat=False,
         save=(), offload=(), dtype: str = "bf16", loss_chunks: int | None = 1, steps: int = 2,
-        device: int = 0, weight_dtype: str = "fp32", fuse: bool = False) -> dict:
+        device: int = 0, weight_dtype: str = "fp32", fuse: bool = False, mu_dtype: str = "fp32") -> dict:
     """Dry-runs ``steps`` training steps of chip 0's share of the model on tpu:``device`` of
     this process's slice and measures the last one (the first creates optimizer state).
     ``remat``: a MaxText remat policy name (``remat.POLICIES``; True: ``full``, False:
     ``none``), ``save`` / ``offload``: tensor names added to it (``custom`` takes only these).
     ``loss_chunks``: Llama only, see ``models.Llama``; None: :func:`auto_loss_chunks`.
     ``weight_dtype`` ("fp32" or "bf16", MaxText's ``weight_dtype``): the parameters (FSDP
-    shards), their gradients and the AdamW state. ``fuse``: run the step in ``defer_and_fuse``
-    mode, so that chains of elementwise ops are priced (and allocated) as the fused regions a
-    compiler makes of them (an XLA step fuses them too); False (default): every op on its own
-    (strict; docs/estimate.md says why this is the default).
+    shards), their gradients and the AdamW state. ``mu_dtype`` ("fp32" or "bf16", MaxText's
+    ``mu_dtype``): bf16 stores AdamW's first moment in bf16 (``optim.AdamWMu``). ``fuse``: run
+    the step in ``defer_and_fuse`` mode, so that chains of elementwise ops are priced (and
+    allocated) as the fused regions a compiler makes of them (an XLA step fuses them too);
+    False (default): every op on its own (strict; docs/estimate.md says why this is the default).
     With pipeline parallelism the chip runs one stage over the microbatches in flight on
     stage 0 (min(pp, M) of them, one forward and backward), and :func:`report` scales the
     time to M microbatches and adds the bubble.
@@ -313,6 +317,8 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
     if weight_dtype not in ("bf16", "fp32"):
         raise ValueError(f"weight_dtype must be 'bf16' or 'fp32', got {weight_dtype!r}")
     wdt = torch.bfloat16 if weight_dtype == "bf16" else torch.float32
+    if mu_dtype not in ("bf16", "fp32"):
+        raise ValueError(f"mu_dtype must be 'bf16' or 'fp32', got {mu_dtype!r}")
     if loss_chunks is None:
         loss_chunks = auto_loss_chunks(spec, par)
     if not isinstance(loss_chunks, int) or loss_chunks < 1:
@@ -354,7 +360,7 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         for _, layer in layer_modules(model):
             R.wrap_layer(layer, plan, host)
         per_chip_params = sum(p.numel() for p in model.parameters())
-        opt = _optimizer(spec, model)
+        opt = _optimizer(spec, model, mu_dtype)
         b = spec.batch // par.data_parallel
         m, micro, inflight = _pipeline(spec, par) if par.pp > 1 else (1, b, 1)
         rows = micro * inflight  # sequences this step's forward and backward run
@@ -401,6 +407,7 @@ def run(spec: ModelSpec, par: Parallelism = Parallelism(), *, attention: str = "
         "remat": {"policy": plan.policy, "save": sorted(plan.save), "offload": sorted(plan.offload)},
         "loss_chunks": loss_chunks,
         "weight_dtype": weight_dtype,
+        "mu_dtype": mu_dtype,
         "fused": fuse,
         "pipeline": {"microbatches": m, "microbatch": micro, "in_flight": inflight} if par.pp > 1 else None,
         "hbm_peak_bytes": int(mem["allocated_bytes_peak"]),
@@ -555,6 +562,7 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
         "remat": raw.get("remat"),
         "loss_chunks": raw.get("loss_chunks"),
         "weight_dtype": raw.get("weight_dtype", "fp32"),
+        "mu_dtype": raw.get("mu_dtype", "fp32"),
         "fused": raw.get("fused", False),
         "pipeline": pipe,
         "host_offload_bytes": host["d2h_bytes"] * repeat,
@@ -567,12 +575,13 @@ def report(spec: ModelSpec, par: Parallelism, raw: dict, *, topology: str, overl
 
 def estimate(model: str = "gpt-small", *, parallel: Parallelism | None = None, attention: str = "flash",
              remat: bool | str = False, save=(), offload=(), dtype: str = "bf16", loss_chunks: int | None = None,
-             overlap: bool | str = True, weight_dtype: str = "fp32", fuse: bool = False, **model_args) -> dict:
+             overlap: bool | str = True, weight_dtype: str = "fp32", fuse: bool = False, mu_dtype: str = "fp32",
+             **model_args) -> dict:
     """Dry-run estimate of one training step of ``model`` (see :func:`model_spec`; keyword
     arguments go there: batch, seq_len, config_json, n_layers, ...) on this process's slice
     (``TORCH_TPU_TOPOLOGY``), chip 0's share under ``parallel`` (default: FSDP over every chip
     of the slice). ``remat`` / ``save`` / ``offload``: a MaxText remat policy and tensor names
-    (:func:`run`); ``loss_chunks`` None: chunked by :func:`auto_loss_chunks`; ``weight_dtype``,
+    (:func:`run`); ``loss_chunks`` None: chunked by :func:`auto_loss_chunks`; ``weight_dtype``, ``mu_dtype``,
     ``fuse``: see :func:`run`; ``overlap``: see :func:`report`. Returns
     :func:`report`'s dict.
 
@@ -588,5 +597,5 @@ def estimate(model: str = "gpt-small", *, parallel: Parallelism | None = None, a
     R.resolve(remat, save, offload)
     _overlap_mode(overlap)
     raw = run(spec, parallel, attention=attention, remat=remat, save=save, offload=offload, dtype=dtype,
-              loss_chunks=loss_chunks, weight_dtype=weight_dtype, fuse=fuse)
+              loss_chunks=loss_chunks, weight_dtype=weight_dtype, fuse=fuse, mu_dtype=mu_dtype)
     return report(spec, parallel, raw, topology=topo["name"], overlap=overlap)

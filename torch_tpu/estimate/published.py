@@ -84,16 +84,16 @@ PUBLISHED = [
     # TPU7x (Ironwood): tpu-recipes' training/ironwood/README.md table (step time, chips, GBS) and each
     # recipe's run_recipe.sh (MaxText arguments). Chips, not devices: a TPU7x chip is two JAX devices
     # (per_device_batch_size 2 x 128 devices = GBS 256 on 64 chips), so the chip's batch is GBS / chips.
-    # The recipes' mu_dtype=bfloat16 (AdamW's first moment in bf16) is not modelled (fp32 here).
+    # The recipes' mu_dtype=bfloat16: AdamW's first moment in bf16 (--mu-dtype bf16).
     _row("Llama 3.1 70B, tpu7x-128 (64 chips)", "llama3-70b", "tpu7x-128", 256, _L31_70B_TPU7X, 12.20,
          _I + "README.md (llama3.1-70b, 64 chips, GBS 256, bf16: 12.20 s); "
-         + _I + "llama3.1-70b/8k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh", "held_out", "tpu7x"),
+         + _I + "llama3.1-70b/8k-bf16-tpu7x-4x4x4/xpk/run_recipe.sh", "held_out", "tpu7x", "--mu-dtype", "bf16"),
     _row("Llama 3.1 70B, tpu7x-512 (256 chips)", "llama3-70b", "tpu7x-512", 1024, _L31_70B_TPU7X, 12.27,
          _I + "README.md (llama3.1-70b, 256 chips, GBS 1024, bf16: 12.27 s); "
-         + _I + "llama3.1-70b/8k-bf16-tpu7x-4x8x8/xpk/run_recipe.sh", "held_out", "tpu7x"),
+         + _I + "llama3.1-70b/8k-bf16-tpu7x-4x8x8/xpk/run_recipe.sh", "held_out", "tpu7x", "--mu-dtype", "bf16"),
     _row("Llama 3.1 405B, tpu7x-512 (256 chips)", "llama3-405b", "tpu7x-512", 1536,
          ["--remat", "custom", "--offload", "decoder_layer_input,mlpwo", "--save", "key_proj,value_proj"], 98.34,
          _I + "README.md (llama3.1-405b, 256 chips, GBS 1536, bf16: 98.34 s); "
          + _I + "llama3.1-405b/8k-bf16-tpu7x-4x8x8/run_recipe.sh (num_vocab_tiling 4)", "held_out", "tpu7x",
-         "--loss-chunks", "4"),
+         "--loss-chunks", "4", "--mu-dtype", "bf16"),
 ]

@@ -37,8 +37,9 @@ def test_matmul_flops_bytes_and_estimate(fresh_stats):
     assert s["bytes_read"] == 2 * (256 * 512 + 512 * 1024)
     assert s["bytes_written"] == 2 * 256 * 1024
     spec = _spec(s["generation"])
-    mxu = s["flops"] / spec["peak_bf16_flops"]  # dims are multiples of the MXU size
-    hbm = (s["bytes_read"] + s["bytes_written"]) / spec["hbm_bandwidth"]
+    # dims are multiples of the MXU size; the MXU runs at the generation's measured fraction of its peak
+    mxu = s["flops"] / (spec["peak_bf16_flops"] * spec["mxu_sustained_fraction"])
+    hbm = (s["bytes_read"] + s["bytes_written"]) / (spec["hbm_bandwidth"] * spec["hbm_sustained_fraction"])
     assert s["mxu_seconds"] == pytest.approx(mxu)
     assert s["hbm_seconds"] == pytest.approx(hbm)
     assert s["device_seconds"] == pytest.approx(max(mxu, hbm) + 2e-6)
@@ -59,9 +60,33 @@ def test_fp32_highest_costs_six_passes(fresh_stats):
         finally:
             torch.set_float32_matmul_precision(old)
         spec = _spec(s["generation"])
+        rate = spec["peak_bf16_flops"] * spec["mxu_sustained_fraction"]
         assert s["mxu_seconds"] == pytest.approx(
-            passes * 2 * 256**3 / spec["peak_bf16_flops"] / (256 / spec["mxu_size"] if spec["mxu_size"] > 256 else 1)
+            passes * 2 * 256**3 / rate / (256 / spec["mxu_size"] if spec["mxu_size"] > 256 else 1)
         )
+
+
+def test_tpu7x_matmul_runs_at_the_measured_gemm_rate(fresh_stats):
+    """TPU7x prices a large matrix product at accelerator-microbenchmarks' measured bf16 GEMM rate,
+    956.3824592 TFLOP/s per device (two devices per chip) instead of the 2307 TFLOP/s peak; the
+    generations without a published measurement run at their peak."""
+    from torch_tpu.estimate import dry_run
+
+    with dry_run():  # priced, not computed
+        a = torch.empty(2048, 2048, device="tpu", dtype=torch.bfloat16)
+        b = torch.empty(2048, 2048, device="tpu", dtype=torch.bfloat16)
+        torch.tpu.synchronize()
+        torch_tpu.runtime.reset_stats()
+        a @ b
+        torch.tpu.synchronize()
+        bound = torch_tpu.runtime.stats()["device_bound_by_generation"]
+    flops = 2 * 2048**3
+    assert _spec("tpu7x")["mxu_sustained_fraction"] == pytest.approx(956.3824592 / 1153.5, rel=1e-12)
+    assert bound["tpu7x"]["mxu"] == pytest.approx(flops / (2 * 956.3824592e12), rel=1e-12)
+    assert bound["tpu7x"]["total"] == pytest.approx(flops / (2 * 956.3824592e12) + 2e-6, rel=1e-12)
+    for gen, peak in (("v4", 275e12), ("v5e", 197e12), ("v5p", 459e12), ("v6e", 918e12)):
+        assert _spec(gen)["mxu_sustained_fraction"] == 1.0
+        assert bound[gen]["mxu"] == pytest.approx(flops / peak, rel=1e-12), gen
 
 
 def test_repeated_signature_counted_at_every_call(fresh_stats):
@@ -92,7 +117,10 @@ def test_elementwise_is_priced_at_bandwidth(fresh_stats):
     assert s["bytes_read"] == 2 * 4 * 1024 * 1024 and s["bytes_written"] == 4 * 1024 * 1024
     for gen, seconds in s["device_seconds_by_generation"].items():
         spec = _spec(gen)
-        assert seconds == pytest.approx(12 * 1024 * 1024 / spec["hbm_bandwidth"] + 2e-6), gen
+        bandwidth = spec["hbm_bandwidth"] * spec["hbm_sustained_fraction"]  # measured where published
+        assert seconds == pytest.approx(12 * 1024 * 1024 / bandwidth + 2e-6), gen
+    # TPU7x at accelerator-microbenchmarks' measured HBM copy rate, 6420.961823 GB/s per chip.
+    assert s["device_seconds_by_generation"]["tpu7x"] == pytest.approx(12 * 1024 * 1024 / 6420.961823e9 + 2e-6)
     torch.testing.assert_close(y.cpu(), x.cpu() * x.cpu())
 
 
