@@ -66,6 +66,10 @@ def _without_broken_media_packages():
 
 
 def build(device):
+    # Run as a script, bench/ is sys.path[0]: transformers would take bench/kernels.py for the
+    # Hugging Face `kernels` package.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     _without_broken_media_packages()
     from transformers import LlamaConfig, LlamaForCausalLM
 
