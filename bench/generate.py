@@ -11,10 +11,13 @@ step with ``torch.compile`` by itself (``GenerationMixin._valid_auto_compile_cri
 ``tpu``; CPU stays eager): the eager sides pass ``disable_compile=True`` so that they measure
 the eager mode they are named after; ``tpu-hf-compile`` is transformers' default on tpu (the
 decode step compiled, strict mode around it). Each side
-runs --warmup generations, then --repeats timed ones; the figure is the median tokens/s
-(batch x new tokens / seconds, a generation ends with its tokens on the host). The sides
-alternate within each repeat, so that load from other jobs falls on all of them alike. The
-generated tokens of every tpu side are checked equal to CPU's.
+runs in its own child process (the CPU side with TORCH_DEVICE_BACKEND_AUTOLOAD=0, never loading
+torch_tpu: in one process the stream worker's OpenMP team and the main thread's would make
+libgomp stop spinning and slow both sides, docs/limits.md), runs --warmup generations, then
+--repeats timed ones; the figure is the median tokens/s (batch x new tokens / seconds, a
+generation ends with its tokens on the host). The sides alternate within each repeat, so that
+load from other jobs falls on all of them alike. The generated tokens of every tpu side are
+passed back and checked equal to CPU's. Peak RSS and HBM are each side's process's.
 
 Needs the ``hf`` extra (transformers). Run:
     python bench/generate.py [--repeats 3] [--warmup 1] [--new-tokens 64] [--markdown]
@@ -25,14 +28,19 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
 import torch
 
-import torch_tpu
-
 SIDES = ("cpu", "tpu-strict", "tpu-defer", "tpu-hf-compile")
+SETUP = {  # side: (device, tpu eager mode, let transformers compile the decode step)
+    "cpu": ("cpu", None, False),
+    "tpu-strict": ("tpu", "strict", False),
+    "tpu-defer": ("tpu", "defer_and_fuse", False),
+    "tpu-hf-compile": ("tpu", "strict", True),
+}
 
 
 def _without_broken_media_packages():
@@ -58,6 +66,10 @@ def _without_broken_media_packages():
 
 
 def build(device):
+    # Run as a script, bench/ is sys.path[0]: transformers would take bench/kernels.py for the
+    # Hugging Face `kernels` package.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     _without_broken_media_packages()
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -77,7 +89,12 @@ def build(device):
 def generate(model, ids, new_tokens, mode, hf_compile=False):
     """Greedy tokens [batch, prompt + new_tokens] on the host. ``mode``: the tpu eager mode (None on
     CPU); ``hf_compile``: let transformers compile the decode step (its default on tpu)."""
-    ctx = torch_tpu.eager_mode(mode) if mode else torch.no_grad()
+    if mode:
+        import torch_tpu
+
+        ctx = torch_tpu.eager_mode(mode)
+    else:
+        ctx = torch.no_grad()
     with torch.no_grad(), ctx:
         out = model.generate(
             ids,
@@ -92,7 +109,62 @@ def generate(model, ids, new_tokens, mode, hf_compile=False):
         return out.cpu()
 
 
-def main():
+CHILD = "--child"  # child mode: one side; reads "run" lines, answers one JSON line per generation
+
+
+def serve_side(side, args):
+    """One side in its own process (the CPU side never loads torch_tpu): answers each "run" line
+    with the generation's wall and CPU seconds and its tokens, "quit" with its peak memory."""
+    if side != "cpu":
+        import torch_tpu  # noqa: F401  (not in the CPU side: its OpenMP team would slow both)
+    dev, mode, hf_compile = SETUP[side]
+    g = torch.Generator().manual_seed(0)
+    ids_cpu = torch.randint(0, 32000, (args.batch, args.prompt), generator=g)
+    model = build(dev)
+    for line in sys.stdin:
+        if line.strip() == "quit":
+            peak = {"peak_rss_mb": _peak_rss_mb()}
+            if dev == "tpu":
+                peak["peak_hbm_mb"] = torch.tpu.max_memory_allocated() / 2**20
+            print(json.dumps(peak), flush=True)
+            return
+        ids = ids_cpu.to(dev)
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = generate(model, ids, args.new_tokens, mode, hf_compile)
+        dt, cpu_dt = time.perf_counter() - t0, time.process_time() - c0
+        print(json.dumps({"s": dt, "cpu_s": cpu_dt, "tokens": out.tolist()}), flush=True)
+
+
+class Side:
+    """A side's child process (the CPU side with TORCH_DEVICE_BACKEND_AUTOLOAD=0)."""
+
+    def __init__(self, side, argv):
+        env = os.environ.copy()
+        if side == "cpu":
+            env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+        self.child = subprocess.Popen(
+            [sys.executable, __file__, CHILD, side] + argv,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def ask(self, line):
+        self.child.stdin.write(line + "\n")
+        self.child.stdin.flush()
+        answer = self.child.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"bench/generate.py: a side's child process ended (exit status {self.child.wait()})")
+        return json.loads(answer)
+
+    def close(self):
+        peak = self.ask("quit")
+        self.child.wait()
+        return peak
+
+
+def parser():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
@@ -101,43 +173,34 @@ def main():
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--sides", default=",".join(SIDES))
     p.add_argument("--markdown", action="store_true")
-    args = p.parse_args()
+    return p
+
+
+def main():
+    args = parser().parse_args()
     sides = args.sides.split(",")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-    g = torch.Generator().manual_seed(0)
-    ids_cpu = torch.randint(0, 32000, (args.batch, args.prompt), generator=g)
-    models = {"cpu": build("cpu")}
-    if any(s.startswith("tpu") for s in sides):
-        models["tpu"] = build("tpu")
-    setup = {
-        "cpu": ("cpu", None, False),
-        "tpu-strict": ("tpu", "strict", False),
-        "tpu-defer": ("tpu", "defer_and_fuse", False),
-        "tpu-hf-compile": ("tpu", "strict", True),
-    }
+    argv = ["--batch", str(args.batch), "--prompt", str(args.prompt), "--new-tokens", str(args.new_tokens)]
+    children = {s: Side(s, argv) for s in sides}
     ref = None
     times = {s: [] for s in sides}
     cpu_times = {s: [] for s in sides}  # the process's CPU seconds (all threads): less disturbed by other jobs
-    rss0 = _peak_rss_mb()
     for rep in range(args.warmup + args.repeats):
         for s in sides:
-            dev, mode, hf_compile = setup[s]
-            ids = ids_cpu.to(dev)
-            t0, c0 = time.perf_counter(), time.process_time()
-            out = generate(models[dev], ids, args.new_tokens, mode, hf_compile)
-            dt, cpu_dt = time.perf_counter() - t0, time.process_time() - c0
+            got = children[s].ask("run")
+            out = got["tokens"]
             if ref is None and s == "cpu":
                 ref = out
-            if ref is not None and not torch.equal(out, ref):
+            if ref is not None and out != ref:
+                differ = sum(a != b for ra, rb in zip(out, ref) for a, b in zip(ra, rb))
                 print(
-                    f"warning: {s} generated other tokens than cpu "
-                    f"({(out != ref).sum().item()} of {out.numel()} differ)",
+                    f"warning: {s} generated other tokens than cpu ({differ} of {len(ref) * len(ref[0])} differ)",
                     file=sys.stderr,
                 )
             if rep >= args.warmup:
-                times[s].append(dt)
-                cpu_times[s].append(cpu_dt)
+                times[s].append(got["s"])
+                cpu_times[s].append(got["cpu_s"])
+    peaks = {s: children[s].close() for s in sides}
     tokens = args.batch * args.new_tokens
     res = {
         s: {
@@ -146,16 +209,17 @@ def main():
             "times_s": t,
             "median_cpu_s": statistics.median(cpu_times[s]),
         }
+        | peaks[s]
         for s, t in times.items()
     }
     for s in list(res):
         if "cpu" in res:
             res[s]["vs_cpu"] = res[s]["tokens_per_s"] / res["cpu"]["tokens_per_s"]
             res[s]["cpu_s_vs_cpu"] = res["cpu"]["median_cpu_s"] / res[s]["median_cpu_s"]
-    res["peak_rss_mb"] = _peak_rss_mb()
-    res["peak_rss_mb_before"] = rss0
-    if "tpu" in models:
-        res["peak_hbm_mb"] = torch.tpu.max_memory_allocated() / 2**20
+    res["peak_rss_mb"] = max(p["peak_rss_mb"] for p in peaks.values())
+    hbm = [p["peak_hbm_mb"] for p in peaks.values() if "peak_hbm_mb" in p]
+    if hbm:
+        res["peak_hbm_mb"] = max(hbm)
     cols = ["side", "tokens/s", "median s", "vs cpu", "cpu-s", "cpu-s vs cpu"]
     rows = [
         [
@@ -186,4 +250,7 @@ def _peak_rss_mb():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == [CHILD]:
+        serve_side(sys.argv[2], parser().parse_args(sys.argv[3:]))
+    else:
+        main()

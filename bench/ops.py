@@ -6,7 +6,7 @@ kernels (docs/limits.md). Each figure is the median over repeats of the
 time to issue `--iters` calls and wait for them (tpu: torch.tpu.synchronize()),
 divided by `--iters`; the last column is tpu / cpu.
 
-Run: python bench/ops.py [--iters N] [--sizes 64,1024,4096]
+Run: python bench/ops.py [--iters N] [--sizes 64,1024,4096] [--ops exp,sum(dim=1)]
 
 A/B of a setting, same machine, interleaved: `--ab TORCH_TPU_VALIDATE_FIRST_CALL=0` runs the
 table `--rounds` times in child processes alternately with and without that environment
@@ -92,6 +92,7 @@ def main():
     p.add_argument("--ab", metavar="VAR=VALUE", help="compare tpu times with and without this environment setting")
     p.add_argument("--baseline", metavar="DIR", help="compare tpu times with another checkout's torch_tpu build")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--ops", help="comma-separated op names to run (default: all)")
     a = p.parse_args()
     if a.baseline:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,6 +109,8 @@ def main():
     for n in [int(s) for s in a.sizes.split(",")]:
         iters = a.iters if n <= 1024 else max(2, a.iters // 10)
         for index, (name, fn, make) in enumerate(ops(n)):
+            if a.ops and name not in a.ops.split(","):
+                continue
             torch.manual_seed(0)
             tpu_args = make("tpu")  # built on the chip: CPU kernels here would start a second OpenMP team
             c = peer.measure(n, index, iters, a.repeats)
@@ -151,7 +154,8 @@ def ab(a):
             keep = a.baseline and label == "without"  # this checkout: PYTHONPATH as set in main()
             env = {k: v for k, v in os.environ.items() if k != var or keep} | extra
             out = subprocess.run(
-                [sys.executable, __file__, "--iters", str(a.iters), "--repeats", str(a.repeats), "--sizes", a.sizes],
+                [sys.executable, __file__, "--iters", str(a.iters), "--repeats", str(a.repeats), "--sizes", a.sizes]
+                + (["--ops", a.ops] if a.ops else []),
                 env=env,
                 capture_output=True,
                 text=True,
