@@ -63,7 +63,7 @@ using c10::IValue;
 struct QueuedArg {
   enum class Kind { kValue, kTensor, kTensorList, kOptionalTensorList } kind = Kind::kValue;
   IValue value;
-  std::vector<std::optional<TensorRecipe>> tensors;
+  c10::SmallVector<std::optional<TensorRecipe>, 1> tensors;  // one tensor: no heap allocation
 };
 
 // What a tpu op's Generator argument becomes in queued work: the host engine
