@@ -854,6 +854,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // wrapper (meta, then the out= kernel): the CPU kernel itself, so that its
   // checks and warnings happen once, as on CPU.
   m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  // The same for hot small ops: the generic wrapper runs the structured meta on tpu tensors,
+  // allocates through the dispatcher and then dispatches the out= overload (cat 64x64: 24k
+  // instructions on the calling thread); the fallback's cached meta and its out= kernel on
+  // the worker do it in one call.
+  m.impl("cat", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  m.impl("gather", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
 }
 }  // namespace torch_tpu
 
