@@ -131,7 +131,11 @@ std::vector<QueuedArg> queue_args(const c10::OperatorHandle& handle, c10::ArrayR
       const auto& t = v.toTensor();
       check.tensor(t, false, written);
       q.kind = QueuedArg::Kind::kTensor;
-      q.tensors.push_back(t.defined() ? std::optional<TensorRecipe>(recipe(t)) : std::nullopt);
+      if (t.defined()) {
+        q.tensors.emplace_back(recipe(t));
+      } else {
+        q.tensors.emplace_back(std::nullopt);
+      }
     } else if (v.isTensorList()) {
       q.kind = QueuedArg::Kind::kTensorList;
       for (const at::Tensor& t : v.toTensorList()) {
@@ -462,21 +466,22 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
 // The op's cost-model figures: a function of its signature (the meta key: shapes, dtypes,
 // scalar values) and, for MXU work only, the matmul precision (`precision()` reads it: the
 // global setting's lookup costs more than the rest of a cached call's pricing). Worked out
-// once per cached signature; custom cost functions (set_custom_op_cost) are asked every call.
+// once per cached signature, with its roofline estimates; custom cost functions
+// (set_custom_op_cost) are asked every call. Recorded on `chip`.
 template <typename Precision>
-vtpu::OpCost priced(MetaExtras* extras, const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args,
-                    const std::vector<IValue>& results, const Precision& precision) {
+void record_priced(vtpu::Chip& chip, MetaExtras* extras, const c10::FunctionSchema& schema,
+                   c10::ArrayRef<IValue> args, const std::vector<IValue>& results, const Precision& precision) {
   const bool cacheable = extras && !any_custom_op_cost();
   if (cacheable && extras->priced && (!extras->cost.mxu || extras->precision == static_cast<int8_t>(precision()))) {
-    return extras->cost;
+    return chip.record_cost(extras->cost, extras->estimates);
   }
   vtpu::OpCost cost = op_cost(schema, args, result_tensors(results), precision());
-  if (cacheable) {
-    extras->cost = cost;
-    extras->priced = true;
-    extras->precision = static_cast<int8_t>(precision());
-  }
-  return cost;
+  if (!cacheable) return chip.record_cost(cost);
+  extras->cost = cost;
+  extras->priced = true;
+  extras->precision = static_cast<int8_t>(precision());
+  extras->estimates = vtpu::CostEstimates{};
+  chip.record_cost(extras->cost, extras->estimates);
 }
 
 void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpInfo& info) {
@@ -553,8 +558,8 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     auto& stream = current_vtpu_stream(device);
     // The precision matters to products only (their CPU kernel's passes, their cost).
     const auto precision = info.matmul ? effective_matmul_precision() : at::Float32MatmulPrecision::HIGHEST;
-    chip(device).record_cost(
-        priced(extras, schema, args, results, [&] { return info.matmul ? precision : effective_matmul_precision(); }));
+    record_priced(chip(device), extras, schema, args, results,
+                  [&] { return info.matmul ? precision : effective_matmul_precision(); });
     if (dry_run()) {  // shaped, allocated and priced; not computed
       // Arguments it writes now hold values nobody computed (fresh results already do).
       if (info.writes_args) {
