@@ -469,8 +469,8 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
 // once per cached signature, with its roofline estimates; custom cost functions
 // (set_custom_op_cost) are asked every call. Recorded on `chip`.
 template <typename Precision>
-void record_priced(vtpu::Chip& chip, MetaExtras* extras, const c10::FunctionSchema& schema,
-                   c10::ArrayRef<IValue> args, const std::vector<IValue>& results, const Precision& precision) {
+void record_priced(vtpu::Chip& chip, MetaExtras* extras, const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args,
+                   const std::vector<IValue>& results, const Precision& precision) {
   const bool cacheable = extras && !any_custom_op_cost();
   if (cacheable && extras->priced && (!extras->cost.mxu || extras->precision == static_cast<int8_t>(precision()))) {
     return chip.record_cost(extras->cost, extras->estimates);

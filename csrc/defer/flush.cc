@@ -166,7 +166,8 @@ void run_region(RunState& s) {
     const TensorRecipe& p = s.params[k].recipe;
     char* base = static_cast<char*>(const_cast<void*>(p.storage.data()));
     void* ptr = base + p.storage_offset * static_cast<int64_t>(p.dtype.itemsize());
-    in.push_back(exec::Buffer::strided(ptr, s.param_types[k].dtype, s.param_types[k].shape, std::vector<int64_t>(p.strides.begin(), p.strides.end())));
+    in.push_back(exec::Buffer::strided(ptr, s.param_types[k].dtype, s.param_types[k].shape,
+                                       std::vector<int64_t>(p.strides.begin(), p.strides.end())));
   }
   for (auto& o : s.outs) {
     void* ptr = o.temp ? o.temp.get() : o.scratch ? o.scratch.get() : o.storage.mutable_data();
