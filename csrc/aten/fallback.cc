@@ -15,6 +15,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/mish_backward_native.h>
 #include <ATen/ops/native_layer_norm_native.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
@@ -63,7 +64,7 @@ using c10::IValue;
 struct QueuedArg {
   enum class Kind { kValue, kTensor, kTensorList, kOptionalTensorList } kind = Kind::kValue;
   IValue value;
-  std::vector<std::optional<TensorRecipe>> tensors;
+  c10::SmallVector<std::optional<TensorRecipe>, 1> tensors;  // one tensor: no heap allocation
 };
 
 // What a tpu op's Generator argument becomes in queued work: the host engine
@@ -91,6 +92,23 @@ void call_host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, a
   call_with_matmul_precision(op, stack, precision);
 }
 
+// A copy of a contiguous host tensor (a wrapped Python scalar above all: `a * 2.0`) as a
+// recipe over a fresh host buffer: one memcpy on this thread, where clone() dispatches
+// (~5k instructions for a 0-d tensor). Same sizes and strides as clone() gives a dense
+// tensor. An empty recipe (no storage) for anything else: conj/neg views, other layouts.
+TensorRecipe dense_host_snapshot(const at::Tensor& t) {
+  TensorRecipe r;
+  if (t.layout() != c10::kStrided || !t.has_storage() || t.is_conj() || t.is_neg() || !t.is_contiguous()) return r;
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.itemsize();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator(), /*resizable=*/true);
+  if (nbytes > 0) std::memcpy(storage.mutable_data(), t.const_data_ptr(), nbytes);
+  r.storage = std::move(storage);
+  r.sizes.assign(t.sizes().begin(), t.sizes().end());
+  r.strides.assign(t.strides().begin(), t.strides().end());
+  r.dtype = t.dtype();
+  return r;
+}
+
 // Converts the op's arguments into queued form; validates devices.
 std::vector<QueuedArg> queue_args(const c10::OperatorHandle& handle, c10::ArrayRef<IValue> args, DeviceCheck& check,
                                   const std::string& op) {
@@ -104,7 +122,8 @@ std::vector<QueuedArg> queue_args(const c10::OperatorHandle& handle, c10::ArrayR
     // Host tensors are snapshots: the caller may change them once we return.
     auto recipe = [](const at::Tensor& t) {
       if (!t.device().is_cpu()) return TensorRecipe::of(t);
-      TensorRecipe r = TensorRecipe::of(t.clone());
+      TensorRecipe r = dense_host_snapshot(t);
+      if (!r.storage) r = TensorRecipe::of(t.clone());
       r.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();  // keeps type promotion
       return r;
     };
@@ -112,7 +131,11 @@ std::vector<QueuedArg> queue_args(const c10::OperatorHandle& handle, c10::ArrayR
       const auto& t = v.toTensor();
       check.tensor(t, false, written);
       q.kind = QueuedArg::Kind::kTensor;
-      q.tensors.push_back(t.defined() ? std::optional<TensorRecipe>(recipe(t)) : std::nullopt);
+      if (t.defined()) {
+        q.tensors.emplace_back(recipe(t));
+      } else {
+        q.tensors.emplace_back(std::nullopt);
+      }
     } else if (v.isTensorList()) {
       q.kind = QueuedArg::Kind::kTensorList;
       for (const at::Tensor& t : v.toTensorList()) {
@@ -443,21 +466,22 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
 // The op's cost-model figures: a function of its signature (the meta key: shapes, dtypes,
 // scalar values) and, for MXU work only, the matmul precision (`precision()` reads it: the
 // global setting's lookup costs more than the rest of a cached call's pricing). Worked out
-// once per cached signature; custom cost functions (set_custom_op_cost) are asked every call.
+// once per cached signature, with its roofline estimates; custom cost functions
+// (set_custom_op_cost) are asked every call. Recorded on `chip`.
 template <typename Precision>
-vtpu::OpCost priced(MetaExtras* extras, const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args,
-                    const std::vector<IValue>& results, const Precision& precision) {
+void record_priced(vtpu::Chip& chip, MetaExtras* extras, const c10::FunctionSchema& schema, c10::ArrayRef<IValue> args,
+                   const std::vector<IValue>& results, const Precision& precision) {
   const bool cacheable = extras && !any_custom_op_cost();
   if (cacheable && extras->priced && (!extras->cost.mxu || extras->precision == static_cast<int8_t>(precision()))) {
-    return extras->cost;
+    return chip.record_cost(extras->cost, extras->estimates);
   }
   vtpu::OpCost cost = op_cost(schema, args, result_tensors(results), precision());
-  if (cacheable) {
-    extras->cost = cost;
-    extras->priced = true;
-    extras->precision = static_cast<int8_t>(precision());
-  }
-  return cost;
+  if (!cacheable) return chip.record_cost(cost);
+  extras->cost = cost;
+  extras->priced = true;
+  extras->precision = static_cast<int8_t>(precision());
+  extras->estimates = vtpu::CostEstimates{};
+  chip.record_cost(extras->cost, extras->estimates);
 }
 
 void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpInfo& info) {
@@ -534,8 +558,8 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     auto& stream = current_vtpu_stream(device);
     // The precision matters to products only (their CPU kernel's passes, their cost).
     const auto precision = info.matmul ? effective_matmul_precision() : at::Float32MatmulPrecision::HIGHEST;
-    chip(device).record_cost(
-        priced(extras, schema, args, results, [&] { return info.matmul ? precision : effective_matmul_precision(); }));
+    record_priced(chip(device), extras, schema, args, results,
+                  [&] { return info.matmul ? precision : effective_matmul_precision(); });
     if (dry_run()) {  // shaped, allocated and priced; not computed
       // Arguments it writes now hold values nobody computed (fresh results already do).
       if (info.writes_args) {
@@ -835,6 +859,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // wrapper (meta, then the out= kernel): the CPU kernel itself, so that its
   // checks and warnings happen once, as on CPU.
   m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  // The same for hot small ops: the generic wrapper runs the structured meta on tpu tensors,
+  // allocates through the dispatcher and then dispatches the out= overload (cat 64x64: 24k
+  // instructions on the calling thread); the fallback's cached meta and its out= kernel on
+  // the worker do it in one call.
+  m.impl("cat", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  m.impl("gather", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
 }
 }  // namespace torch_tpu
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "vtpu/cost_model.h"
+#include "vtpu/counters.h"
 
 namespace torch_tpu {
 
@@ -44,6 +45,7 @@ struct MetaExtras {
   bool priced = false;     // `cost` holds the op's cost-model figures
   int8_t precision = -1;   // the at::Float32MatmulPrecision `cost` was priced at
   vtpu::OpCost cost;
+  vtpu::CostEstimates estimates;  // of `cost`, worked out on its first record (Chip::record_cost)
 };
 // The extras of the entry the last meta_result() on this thread answered from,
 // or nullptr when that call could not be cached. Valid as long as its result.

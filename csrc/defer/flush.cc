@@ -166,7 +166,8 @@ void run_region(RunState& s) {
     const TensorRecipe& p = s.params[k].recipe;
     char* base = static_cast<char*>(const_cast<void*>(p.storage.data()));
     void* ptr = base + p.storage_offset * static_cast<int64_t>(p.dtype.itemsize());
-    in.push_back(exec::Buffer::strided(ptr, s.param_types[k].dtype, s.param_types[k].shape, p.strides));
+    in.push_back(exec::Buffer::strided(ptr, s.param_types[k].dtype, s.param_types[k].shape,
+                                       std::vector<int64_t>(p.strides.begin(), p.strides.end())));
   }
   for (auto& o : s.outs) {
     void* ptr = o.temp ? o.temp.get() : o.scratch ? o.scratch.get() : o.storage.mutable_data();
@@ -417,8 +418,8 @@ void flush_locked(ChipState& cs, Reason why) {
       } else {
         o.temp = std::move(data[i]);
         o.target.storage = e.storage;
-        o.target.sizes = e.layout.sizes;
-        o.target.strides = e.layout.strides;
+        o.target.sizes.assign(e.layout.sizes.begin(), e.layout.sizes.end());
+        o.target.strides.assign(e.layout.strides.begin(), e.layout.strides.end());
         o.target.storage_offset = e.layout.offset;
         o.target.dtype = c10::scalarTypeToTypeMeta(e.layout.dtype);
       }

@@ -404,7 +404,8 @@ void run_queued(const QueuedRegion& q) {
     const TensorRecipe& r = q.inputs[k];
     char* base = static_cast<char*>(const_cast<void*>(r.storage.data()));
     in.push_back(exec::Buffer::strided(base + r.storage_offset * static_cast<int64_t>(r.dtype.itemsize()),
-                                       q.launch.input_types[k].dtype, q.launch.input_types[k].shape, r.strides));
+                                       q.launch.input_types[k].dtype, q.launch.input_types[k].shape,
+                                       std::vector<int64_t>(r.strides.begin(), r.strides.end())));
   }
   for (size_t j = 0; j < q.launch.output_types.size(); ++j) {
     const ir::TensorType& t = q.launch.output_types[j];
@@ -412,7 +413,8 @@ void run_queued(const QueuedRegion& q) {
     if (j < q.outputs.size()) {
       const TensorRecipe& r = q.outputs[j];
       ptr = static_cast<char*>(r.storage.mutable_data()) + r.storage_offset * static_cast<int64_t>(r.dtype.itemsize());
-      out.push_back(exec::Buffer::strided(ptr, t.dtype, t.shape, r.strides));
+      out.push_back(
+          exec::Buffer::strided(ptr, t.dtype, t.shape, std::vector<int64_t>(r.strides.begin(), r.strides.end())));
     } else {
       scratch.emplace_back(new char[static_cast<size_t>(std::max<int64_t>(1, t.numel() * ir::element_size(t.dtype)))]);
       ptr = scratch.back().get();

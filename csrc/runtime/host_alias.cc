@@ -8,8 +8,8 @@ namespace torch_tpu {
 TensorRecipe TensorRecipe::of(const at::Tensor& t) {
   TensorRecipe r;
   r.storage = t.storage();
-  r.sizes = t.sizes().vec();
-  r.strides = t.strides().vec();
+  r.sizes.assign(t.sizes().begin(), t.sizes().end());
+  r.strides.assign(t.strides().begin(), t.strides().end());
   r.storage_offset = t.storage_offset();
   r.dtype = t.dtype();
   r.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
@@ -20,8 +20,11 @@ TensorRecipe TensorRecipe::of(const at::Tensor& t) {
 
 at::Tensor AliasBuilder::alias(const TensorRecipe& r) {
   const c10::StorageImpl* key = r.storage.unsafeGetStorageImpl();
-  auto it = storages_.find(key);
-  if (it == storages_.end()) {
+  const c10::Storage* found = nullptr;
+  for (const auto& [k, s] : storages_) {
+    if (k == key) found = &s;
+  }
+  if (!found) {
     c10::Storage s;
     size_t nbytes = r.storage.nbytes();
     if (target_ == c10::DeviceType::Meta) {
@@ -36,10 +39,11 @@ at::Tensor AliasBuilder::alias(const TensorRecipe& r) {
                        c10::DataPtr(const_cast<void*>(r.storage.data()), c10::Device(c10::kCPU)),
                        /*allocator=*/nullptr, /*resizable=*/false);
     }
-    it = storages_.emplace(key, std::move(s)).first;
+    storages_.emplace_back(key, std::move(s));
+    found = &storages_.back().second;
   }
   auto key_set = c10::DispatchKeySet(target_ == c10::DeviceType::Meta ? c10::DispatchKey::Meta : c10::DispatchKey::CPU);
-  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second), key_set, r.dtype);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(*found), key_set, r.dtype);
   t.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides, r.storage_offset);
   if (r.wrapped_number) t.unsafeGetTensorImpl()->set_wrapped_number(true);
   if (r.conj) t._set_conj(true);

@@ -4,11 +4,12 @@
 // touch such aliases.
 #pragma once
 
+#include <ATen/core/DimVector.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
+#include <c10/util/SmallVector.h>
 
-#include <unordered_map>
-#include <vector>
+#include <utility>
 
 namespace torch_tpu {
 
@@ -17,8 +18,8 @@ namespace torch_tpu {
 // may own a Python object.
 struct TensorRecipe {
   c10::Storage storage;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  c10::DimVector sizes;  // inline up to 5 dimensions: no heap allocation per op
+  c10::DimVector strides;
   int64_t storage_offset = 0;
   caffe2::TypeMeta dtype;
   bool wrapped_number = false;
@@ -38,7 +39,8 @@ class AliasBuilder {
 
  private:
   c10::DeviceType target_;
-  std::unordered_map<const c10::StorageImpl*, c10::Storage> storages_;
+  // An op has a handful of storages: a linear search over an inline array beats a hash map.
+  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
 };
 
 // The host tensor over `t`'s device memory (caller must have synchronized).

@@ -4,15 +4,18 @@
 
 namespace vtpu {
 
-void ChipCounters::record(const OpCost& cost) {
-  const CostBreakdown own = estimate(own_, cost);
-  std::array<double, kNumGenerations> by_generation{};
-  std::array<CostBreakdown, kNumGenerations> bound{};
+CostEstimates ChipCounters::estimates(const OpCost& cost) const {
+  CostEstimates e;
+  e.own = &own_;
+  e.device = estimate(own_, cost);
   const auto& specs = all_specs();
-  for (size_t g = 0; g < specs.size() && g < by_generation.size(); ++g) {
-    bound[g] = bound_split(estimate(specs[g], cost));
-    by_generation[g] = bound[g].total_seconds;
-  }
+  for (size_t g = 0; g < specs.size() && g < e.bound.size(); ++g) e.bound[g] = bound_split(estimate(specs[g], cost));
+  return e;
+}
+
+void ChipCounters::record(const OpCost& cost, const CostEstimates& e) {
+  const CostBreakdown& own = e.device;
+  const auto& bound = e.bound;
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t g = 0; g < bound.size(); ++g) {
     CostBreakdown& t = totals_.bound_by_generation[g];
@@ -32,7 +35,7 @@ void ChipCounters::record(const OpCost& cost) {
   totals_.device.hbm_seconds += own.hbm_seconds;
   totals_.device.overhead_seconds += own.overhead_seconds;
   totals_.device.total_seconds += own.total_seconds;
-  for (size_t g = 0; g < by_generation.size(); ++g) totals_.device_seconds_by_generation[g] += by_generation[g];
+  for (size_t g = 0; g < bound.size(); ++g) totals_.device_seconds_by_generation[g] += bound[g].total_seconds;
 }
 
 double collective_seconds(const ChipSpec& spec, const CollectiveCost& cost) {

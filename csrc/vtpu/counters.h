@@ -54,10 +54,22 @@ constexpr double kDcnBandwidth = 12.5e9;
 // + steps * hop latency + dcn_bytes / kDcnBandwidth.
 double collective_seconds(const ChipSpec& spec, const CollectiveCost& cost);
 
+// An op's cost-model estimates on its own chip's spec and on every generation: what
+// record() adds up. Worked out once for a cost that repeats (a cached op signature).
+struct CostEstimates {
+  const ChipSpec* own = nullptr;  // the spec `device` was estimated on; null: not yet worked out
+  CostBreakdown device;
+  std::array<CostBreakdown, kNumGenerations> bound{};  // bound_split, all_specs() order
+};
+
 class ChipCounters {
  public:
   explicit ChipCounters(const ChipSpec& own) : own_(own) {}
-  void record(const OpCost& cost);                     // thread-safe
+  void record(const OpCost& cost) { record(cost, estimates(cost)); }  // thread-safe
+  // `e` must be estimates(cost) of a counter with this spec (e.own == &spec()).
+  void record(const OpCost& cost, const CostEstimates& e);  // thread-safe
+  CostEstimates estimates(const OpCost& cost) const;
+  const ChipSpec& spec() const { return own_; }
   void record_collective(const CollectiveCost& cost);  // thread-safe
   CounterSnapshot snapshot(double host_seconds) const;
   void reset();

@@ -17,6 +17,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <new>
+#include <type_traits>
 #include <vector>
 
 #include "vtpu/trace.h"
@@ -42,6 +45,8 @@ struct Block {
   Block* next = nullptr;
 };
 
+static_assert(std::is_trivially_destructible_v<Block>, "blocks are recycled without a destructor");
+
 struct Segment {
   char* base;
   uint64_t size;    // bytes reserved against capacity
@@ -59,7 +64,68 @@ struct BySizeThenAddress {
     return a->addr < b->addr;
   }
 };
-using FreeSet = std::set<Block*, BySizeThenAddress>;
+
+// Small fixed-size chunks recycled under the allocator's mutex: the free sets' and the live
+// map's nodes and the blocks themselves, so that an allocation and its free cost no
+// malloc/free pairs once the pool holds as many chunks as were ever live at once.
+class NodePool {
+ public:
+  NodePool() = default;
+  NodePool(const NodePool&) = delete;
+  NodePool& operator=(const NodePool&) = delete;
+  ~NodePool() {
+    for (void*& head : free_) {
+      while (head) {
+        void* next = *static_cast<void**>(head);
+        ::operator delete(head);
+        head = next;
+      }
+    }
+  }
+  void* get(size_t bytes) {
+    const size_t c = slot(bytes);
+    if (c >= kSlots) return ::operator new(bytes);
+    if (void* p = free_[c]) {
+      free_[c] = *static_cast<void**>(p);
+      return p;
+    }
+    return ::operator new((c + 1) * kGrain);
+  }
+  void put(void* p, size_t bytes) {
+    const size_t c = slot(bytes);
+    if (c >= kSlots) return ::operator delete(p);
+    *static_cast<void**>(p) = free_[c];
+    free_[c] = p;
+  }
+
+ private:
+  static constexpr size_t kGrain = 16, kSlots = 8;  // chunks of 16..128 bytes
+  static size_t slot(size_t bytes) { return (std::max<size_t>(bytes, 1) + kGrain - 1) / kGrain - 1; }
+  void* free_[kSlots] = {};
+};
+
+template <typename T>
+struct PoolAllocator {
+  using value_type = T;
+  NodePool* pool;
+  explicit PoolAllocator(NodePool* p) : pool(p) {}
+  template <typename U>
+  PoolAllocator(const PoolAllocator<U>& other) : pool(other.pool) {}  // NOLINT: rebinding
+  T* allocate(size_t n) { return static_cast<T*>(pool->get(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { pool->put(p, n * sizeof(T)); }
+  template <typename U>
+  bool operator==(const PoolAllocator<U>& other) const {
+    return pool == other.pool;
+  }
+  template <typename U>
+  bool operator!=(const PoolAllocator<U>& other) const {
+    return pool != other.pool;
+  }
+};
+
+using FreeSet = std::set<Block*, BySizeThenAddress, PoolAllocator<Block*>>;
+using LiveMap =
+    std::map<const char*, Block*, std::less<const char*>, PoolAllocator<std::pair<const char* const, Block*>>>;
 
 uint64_t round_up(uint64_t value, uint64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -84,10 +150,17 @@ struct HbmAllocator::Impl {
   int chip;
   uint64_t capacity;
   mutable std::mutex mu;
-  FreeSet small_free, large_free;
+  NodePool nodes;  // before the containers: destroyed after them
+  FreeSet small_free{BySizeThenAddress{}, PoolAllocator<Block*>(&nodes)};
+  FreeSet large_free{BySizeThenAddress{}, PoolAllocator<Block*>(&nodes)};
   std::set<Segment*> segments;
-  std::map<const char*, Block*> live;  // allocated blocks by address
-  MemoryStats stats;                   // counters; derived fields filled in stats()
+  LiveMap live{std::less<const char*>{}, LiveMap::allocator_type(&nodes)};  // allocated blocks by address
+  MemoryStats stats;  // counters; derived fields filled in stats()
+
+  Block* new_block(Segment* segment, char* addr, uint64_t size) {
+    return new (nodes.get(sizeof(Block))) Block{segment, addr, size};
+  }
+  void delete_block(Block* b) { nodes.put(b, sizeof(Block)); }  // Block is trivially destructible
 
   FreeSet& pool(bool small) { return small ? small_free : large_free; }
 
@@ -130,7 +203,7 @@ struct HbmAllocator::Impl {
     const uint64_t rest = block->size - size;
     const bool small = block->segment->small;
     if (small ? rest < kAlignment : rest <= kSmallRequest) return;
-    Block* tail = new Block{block->segment, block->addr + size, rest};
+    Block* tail = new_block(block->segment, block->addr + size, rest);
     tail->prev = block;
     tail->next = block->next;
     if (block->next) block->next->prev = tail;
@@ -153,7 +226,7 @@ struct HbmAllocator::Impl {
     // every 1024 floats. Untouched pages still take no memory.
     if (mapped >= kHugePageMinBytes) madvise(base, mapped, MADV_HUGEPAGE);
     auto* segment = new Segment{static_cast<char*>(base), size, mapped, small, nullptr};
-    segment->head = new Block{segment, segment->base, size};
+    segment->head = new_block(segment, segment->base, size);
     segments.insert(segment);
     stats.reserved_bytes += size;
     ++stats.segments;
@@ -163,7 +236,7 @@ struct HbmAllocator::Impl {
 
   void unmap_segment(Segment* segment) {
     pool(segment->small).erase(segment->head);
-    delete segment->head;
+    delete_block(segment->head);
     munmap(segment->base, segment->mapped);
     stats.reserved_bytes -= segment->size;
     --stats.segments;
@@ -214,7 +287,7 @@ HbmAllocator::~HbmAllocator() {
   for (Segment* segment : impl_->segments) {
     for (Block* b = segment->head; b != nullptr;) {
       Block* next = b->next;
-      delete b;
+      impl_->delete_block(b);
       b = next;
     }
     munmap(segment->base, segment->mapped);
@@ -285,7 +358,7 @@ void HbmAllocator::free(Block* block) {
     prev->size += block->size;
     prev->next = block->next;
     if (block->next) block->next->prev = prev;
-    delete block;
+    impl_->delete_block(block);
     block = prev;
   }
   if (block->next != nullptr && !block->next->allocated) {
@@ -294,7 +367,7 @@ void HbmAllocator::free(Block* block) {
     block->size += next->size;
     block->next = next->next;
     if (next->next) next->next->prev = block;
-    delete next;
+    impl_->delete_block(next);
   }
   free_set.insert(block);
 }

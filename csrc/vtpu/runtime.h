@@ -33,6 +33,13 @@ class Chip {
     counters_.record(cost);
     if (const trace::Hooks* h = trace::hooks()) h->cost(index_, cost);  // a profiler records
   }
+  // The same with the cost's estimates worked out before; recomputed here when they were
+  // made for another spec (or not at all).
+  void record_cost(const OpCost& cost, CostEstimates& cached) {
+    if (cached.own != &counters_.spec()) cached = counters_.estimates(cost);
+    counters_.record(cost, cached);
+    if (const trace::Hooks* h = trace::hooks()) h->cost(index_, cost);
+  }
   // `name`: a static string naming the collective for profiler traces, or null.
   void record_collective(const CollectiveCost& cost, const char* name = nullptr) {
     counters_.record_collective(cost);
