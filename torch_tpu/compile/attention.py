@@ -32,6 +32,18 @@ def _as_3d(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(t.shape[0] * t.shape[1], t.shape[2], t.shape[3])
 
 
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"tpu.attention: q, k, v must be [B, H, T, D], got {list(q.shape)}, {list(k.shape)}, {list(v.shape)}"
+        )
+    if q.shape[:2] != k.shape[:2] or q.shape[:2] != v.shape[:2] or q.shape[3] != k.shape[3] or k.shape[2] != v.shape[2]:
+        raise ValueError(
+            f"tpu.attention: q {list(q.shape)}, k {list(k.shape)} and v {list(v.shape)} differ in batch, "
+            "heads, head dim (q, k) or length (k, v)"
+        )
+
+
 def _causal_mask(t: int, s: int, like: torch.Tensor) -> torch.Tensor:
     return torch.full((t, s), float("-inf"), dtype=like.dtype, device=like.device).triu_(1)
 
@@ -42,6 +54,7 @@ def attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale [+ causal mask]) v for q [B, H, T, D], k [B, H, S, D], v [B, H, S, Dv]:
     (out [B, H, T, Dv], probs [B * H, T, S]), both in q's dtype."""
+    _check(q, k, v)
     B, H, T, _ = q.shape
     q3, k3, v3 = _as_3d(q), _as_3d(k), _as_3d(v)
     if is_causal:
@@ -54,6 +67,7 @@ def attention(
 
 @attention.register_fake
 def _(q, k, v, is_causal, scale):
+    _check(q, k, v)
     B, H, T, _ = q.shape
     return q.new_empty((B, H, T, v.shape[3])), q.new_empty((B * H, T, k.shape[2]))
 
