@@ -60,7 +60,7 @@ def attention(
     if is_causal:
         scores = torch.baddbmm(_causal_mask(T, k.shape[2], q), q3, k3.transpose(1, 2), alpha=scale)
     else:
-        scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(scale)
+        scores = torch.baddbmm(q3.new_empty(()), q3, k3.transpose(1, 2), beta=0, alpha=scale)
     probs = torch._softmax(scores, -1, False)
     return torch.bmm(probs, v3).view(B, H, T, v.shape[3]), probs
 
@@ -80,8 +80,9 @@ def attention_backward(
     q3, k3, v3, g3 = _as_3d(q), _as_3d(k), _as_3d(v), _as_3d(grad)
     dv = torch.bmm(probs.transpose(1, 2), g3)
     dscores = torch._softmax_backward_data(torch.bmm(g3, v3.transpose(1, 2)), probs, -1, q.dtype)
-    dq = torch.bmm(dscores, k3).mul_(scale)
-    dk = torch.bmm(dscores.transpose(1, 2), q3).mul_(scale)
+    none = q3.new_empty(())  # beta=0: ignored; the scale applied inside the product (one rounding)
+    dq = torch.baddbmm(none, dscores, k3, beta=0, alpha=scale)
+    dk = torch.baddbmm(none, dscores.transpose(1, 2), q3, beta=0, alpha=scale)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
 
 
