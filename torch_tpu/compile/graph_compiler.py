@@ -76,6 +76,53 @@ def _cse(gm: torch.fx.GraphModule) -> int:
     return removed
 
 
+_VIEWS = ("view.default", "_unsafe_view.default", "reshape.default", "squeeze.dims", "squeeze.dim",
+          "unsqueeze.default", "alias.default")
+
+
+def _only_cast_back(n: torch.fx.Node, dtype: torch.dtype) -> bool:
+    """Every use of `n` (through views) is a plain cast to `dtype`."""
+    for u in n.users:
+        name = op_name(u.target) or ""
+        if name.startswith("aten::") and name[6:] in _VIEWS and u.args[0] is n:
+            if not _only_cast_back(u, dtype):
+                return False
+        elif not (u.target is torch.ops.aten._to_copy.default and u.args[0] is n
+                  and set(u.kwargs) <= {"dtype", "layout", "device"} and u.kwargs.get("dtype") == dtype
+                  and u.kwargs.get("layout", torch.strided) == torch.strided):
+            return False
+    return bool(n.users)
+
+
+def _low_precision_sums(gm: torch.fx.GraphModule) -> int:
+    """``sum(x, dims, dtype=float32)`` of a bf16 / fp16 ``x`` whose value is only ever cast back to
+    x's dtype (autocast's bias gradients: ``sum`` of the bf16 output gradient, then bf16) becomes
+    ``sum(x, dims)`` in x's dtype, cast to float32: ATen's reduced-precision sum accumulates in
+    float32 and rounds once, which is what the cast back did, and its vectorized kernel is 3-4x
+    cheaper on the host than the mixed-dtype one (bf16 [2048, 1024] over dim 0, one thread: 0.32 vs
+    0.91 ms). Returns how many were rewritten."""
+    aten = torch.ops.aten
+    done = 0
+    for n in list(gm.graph.nodes):
+        if n.target is not aten.sum.dim_IntList or n.kwargs.get("dtype") != torch.float32 or len(n.args) < 2:
+            continue
+        x = n.args[0]
+        xv, val = (x.meta.get("val") if isinstance(x, torch.fx.Node) else None), n.meta.get("val")
+        if not isinstance(xv, torch.Tensor) or xv.dtype not in (torch.bfloat16, torch.float16):
+            continue
+        if not isinstance(val, torch.Tensor) or not _only_cast_back(n, xv.dtype):
+            continue
+        with gm.graph.inserting_before(n):
+            low = gm.graph.call_function(aten.sum.dim_IntList, tuple(n.args), {})
+            low.meta["val"] = val.to(xv.dtype)
+            up = gm.graph.call_function(aten._to_copy.default, (low,), {"dtype": torch.float32})
+            up.meta["val"] = val
+        n.replace_all_uses_with(up)
+        gm.graph.erase_node(n)
+        done += 1
+    return done
+
+
 def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: list, kind: str,
                      options: CompileOptions | None = None, source_graph: torch.fx.GraphModule | None = None):
     """AOTAutograd's compiler for one graph: the program for `gm` (boxed callable).
@@ -100,6 +147,7 @@ def compile_fx_graph(gm: torch.fx.GraphModule, example_inputs: list, kind: str,
                                 if n.op == "call_function" and op_name(n.target))
         return _op_by_op(gm)
     foreach.expand(gm)
+    _low_precision_sums(gm)
     gm.graph.eliminate_dead_code()
     _cse(gm)
     gm.graph.eliminate_dead_code()
