@@ -13,6 +13,7 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._decomp.decompositions import native_batch_norm_helper
 
 from . import attention, device_interface, graph_compiler, routing, stats
+from .xla_executor import executor_setting
 from .dynamic import compile_bucketed
 from .errors import passthrough
 from .options import CompileOptions, effective, parse_compile_options
@@ -159,8 +160,10 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list, *, mode=None, op
     if _has_symbolic_inputs(example_inputs):
         return compile_bucketed(gm, example_inputs, functools.partial(compile_static, options=opts),
                                 buckets=opts.bucket_config())
-    # static shapes: SDPA as one custom op each way (bucketing masks the composite's softmax instead)
-    attention.route(gm)
+    # static shapes: SDPA as one custom op each way (bucketing masks the composite's softmax instead);
+    # not for XLA, which gets the composite in standard StableHLO ops rather than a custom call
+    if executor_setting() == "tile":
+        attention.route(gm)
     return compile_static(gm, example_inputs, opts)
 
 

@@ -281,3 +281,16 @@ def test_lowered_library_ops_match_ours_on_xla():
     for g, e in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
         _close(g, e, 1e-5, 1e-5)
     _close(d, x.sum(0).double())
+
+
+def test_xla_executor_gets_attention_as_standard_ops(monkeypatch):
+    # tpu::attention (our executor's one-op SDPA) would be a custom call XLA cannot run
+    monkeypatch.setenv("TORCH_TPU_EXECUTOR", "xla")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=g) for _ in range(3))
+    fn = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    out = torch.compile(fn, backend="tpu")(q.to("tpu"), k.to("tpu"), v.to("tpu"))
+    _close(out, fn(q, k, v), 1e-5, 1e-6)
+    s = torch_tpu.compile_stats()
+    assert s["xla_programs"] == 1 and s["xla_fallbacks"] == [], s["xla_fallbacks"]
+    assert "tpu::attention.default" not in s["library_calls"]
