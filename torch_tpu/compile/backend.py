@@ -13,10 +13,10 @@ from torch._decomp import core_aten_decompositions, get_decompositions
 from torch._decomp.decompositions import native_batch_norm_helper
 
 from . import attention, device_interface, graph_compiler, routing, stats
-from .xla_executor import executor_setting
 from .dynamic import compile_bucketed
 from .errors import passthrough
 from .options import CompileOptions, effective, parse_compile_options
+from .xla_executor import executor_setting
 
 log = logging.getLogger("torch_tpu.compile")
 
