@@ -45,6 +45,7 @@
 #include "aten/random_ops.h"
 #include "defer/defer.h"
 #include "runtime/allocator.h"
+#include "runtime/calling_thread.h"
 #include "runtime/device.h"
 #include "runtime/dry_run.h"
 #include "runtime/eager_mode.h"
@@ -725,6 +726,7 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
   const bool philox = holds_philox_arg(queued);
   c10::DeviceIndex device = check.index();
   synchronize_device(device);
+  SerialOnCallingThread serial;  // no second OpenMP team beside the worker's (calling_thread.h)
 
   AliasBuilder host(c10::kCPU);
   auto cpu = build_stack(queued, host);

@@ -1,4 +1,4 @@
-"""Copies between host and chip leave the calling thread without an OpenMP team of its own.
+"""Copies between host and chip, and ops that run at once on the calling thread, leave the calling thread without an OpenMP team of its own.
 
 A parallel region on the calling thread would start a second team beside the stream worker's,
 and with more OpenMP threads than CPUs libgomp stops spinning, so every parallel kernel on
@@ -22,12 +22,14 @@ SCRIPT = textwrap.dedent(
     small_t = t_small.t().contiguous().cpu()
     back = torch.empty(1024, 1024)
     back.copy_(t_big)
+    normed = torch.nn.functional.batch_norm(t_big, None, None, training=True).cpu()  # runs at once, on this thread
     before = threads()
     oracle = big.exp() + 1  # the user's own parallel CPU kernel: now the calling thread starts its team
     after = threads()
     torch.testing.assert_close(out, oracle)
     torch.testing.assert_close(small_t, small.t().contiguous())
     torch.testing.assert_close(back, big)
+    torch.testing.assert_close(normed, torch.nn.functional.batch_norm(big, None, None, training=True))
     print(before, after)
     """
 )
