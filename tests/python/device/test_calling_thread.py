@@ -1,4 +1,5 @@
-"""Copies between host and chip, and ops that run at once on the calling thread, leave the calling thread without an OpenMP team of its own.
+"""Copies between host and chip, and ops that run at once on the calling thread, start no OpenMP
+team on the calling thread.
 
 A parallel region on the calling thread would start a second team beside the stream worker's,
 and with more OpenMP threads than CPUs libgomp stops spinning, so every parallel kernel on
