@@ -61,9 +61,19 @@ bool Stream::run_ahead_exceeded(uint64_t fresh_bytes) const {
   return !on_worker_thread();
 }
 
+bool Stream::run_ahead_caught_up() const {
+  return unsized_items_.load(std::memory_order_relaxed) > 0 || sized_items_.load(std::memory_order_relaxed) < 2 ||
+         sized_bytes_.load(std::memory_order_relaxed) <= run_ahead_bytes() / 2;
+}
+
 void Stream::wait_run_ahead(uint64_t fresh_bytes) {
   std::unique_lock<std::mutex> lock(mu_);
-  while (run_ahead_exceeded(fresh_bytes)) {
+  if (!run_ahead_exceeded(fresh_bytes)) return;
+  // Hysteresis: wait until the queued bytes fall to half the bound, so that
+  // one wake-up lets the caller queue several ops instead of one per op (every
+  // wake-up takes a core from the worker's kernels on a machine as small as
+  // its OpenMP team).
+  while (!run_ahead_caught_up()) {
     run_ahead_waiter_ = true;
     caught_up_cv_.wait(lock);
   }
@@ -105,11 +115,17 @@ void Stream::reset_busy_seconds() {
 
 void Stream::run() {
   std::unique_lock<std::mutex> lock(mu_);
+  bool wake_waiter = false;  // a run-ahead waiter to wake once mu_ is released
+  auto unlock = [&] {
+    lock.unlock();
+    if (wake_waiter) caught_up_cv_.notify_all();
+    wake_waiter = false;
+  };
   while (true) {
     if (queue_.empty() && !stop_) {
       // Ops issued back to back arrive faster than a futex wake-up: spin a
       // little before sleeping.
-      lock.unlock();
+      unlock();
       const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicroseconds);
       while (queued_.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < until) {
         std::this_thread::yield();
@@ -119,7 +135,10 @@ void Stream::run() {
       work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
       sleeping_ = false;
     }
-    if (queue_.empty()) return;  // stop_ and drained
+    if (queue_.empty()) {  // stop_ and drained
+      unlock();
+      return;
+    }
     Item item = std::move(queue_.front());
     queue_.pop_front();
     queued_.store(queue_.size(), std::memory_order_release);
@@ -130,7 +149,7 @@ void Stream::run() {
     const uint64_t fresh_bytes = item.fresh_bytes;
     if (queue_.size() == kMaxQueuedWork / 2 - 1) space_cv_.notify_all();
     busy_ = true;
-    lock.unlock();
+    unlock();
 
     std::string failure;
     bool failed = false;
@@ -159,10 +178,12 @@ void Stream::run() {
     } else if (fresh_bytes > 0) {
       --sized_items_;
       sized_bytes_ -= fresh_bytes;
-      if (run_ahead_waiter_) {
-        run_ahead_waiter_ = false;
-        caught_up_cv_.notify_all();
-      }
+    }
+    // Woken after mu_ is released (below), so the waiter does not wake only to
+    // block on mu_ again.
+    if (run_ahead_waiter_ && fresh_bytes != 0 && run_ahead_caught_up()) {
+      run_ahead_waiter_ = false;
+      wake_waiter = true;
     }
     busy_seconds_ += took.count();
     if (failed && error_.empty()) {

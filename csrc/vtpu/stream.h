@@ -32,7 +32,10 @@ class Stream {
   static constexpr int kSpinMicroseconds = 50;
   // Default bound on the bytes of fresh results that queued work may hold
   // before enqueue_named(..., fresh_bytes) waits (TORCH_TPU_RUN_AHEAD_BYTES).
-  static constexpr uint64_t kRunAheadBytes = 8ull << 20;
+  // With the wait's hysteresis (down to half), 32 MiB lets the caller queue
+  // four 1024x1024 fp32 results per wake-up; 64 MiB made those kernels slower
+  // (their output buffers no longer stay in cache).
+  static constexpr uint64_t kRunAheadBytes = 32ull << 20;
 
   Stream(int chip, int64_t id);
   ~Stream();  // drains the queue, then joins the worker
@@ -64,6 +67,9 @@ class Stream {
   // and no kUnsized item pending. Never true on the worker thread. Callers
   // wait through their blocking runner (the GIL: queued Python kernels).
   bool run_ahead_exceeded(uint64_t fresh_bytes) const;
+  // Waits, when run_ahead_exceeded(fresh_bytes), until the pending fresh bytes
+  // fall to half of run_ahead_bytes() (or one sized item, or a kUnsized one, is
+  // left): one wake-up per several queued ops rather than one per op.
   void wait_run_ahead(uint64_t fresh_bytes);
   // The run-ahead bound: TORCH_TPU_RUN_AHEAD_BYTES (a byte
   // count; 0 turns the bound off), default kRunAheadBytes.
@@ -87,6 +93,8 @@ class Stream {
 
  private:
   void run();
+  // Whether a run-ahead waiter may go on (see wait_run_ahead).
+  bool run_ahead_caught_up() const;
   // Clears the pending error and throws it as AsyncError. Needs mu_ held.
   [[noreturn]] void raise_pending_error();
   int chip_;

@@ -318,3 +318,38 @@ TEST(StreamRunAhead, WorkQueuedFromTheWorkerNeverWaits) {
   stream.synchronize();
   EXPECT_EQ(ran.load(), 4);
 }
+
+// Hysteresis: a caller that had to wait goes on only once the pending fresh bytes are down to
+// half the bound (so one wake-up queues several ops), not as soon as the next op would fit.
+TEST(StreamRunAhead, WaitResumesAtHalfTheBound) {
+  vtpu::Stream stream(0, 12);
+  const uint64_t quarter = vtpu::Stream::kRunAheadBytes / 4;
+  std::atomic<int> released{0}, ran{0};
+  for (int i = 0; i < 4; ++i) {  // the bound full: four items of a quarter each, the k-th gated
+    stream.enqueue_named(
+        "gated",
+        [&, i] {
+          while (released.load() <= i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          ran.fetch_add(1);
+        },
+        quarter);
+  }
+  ASSERT_TRUE(stream.run_ahead_exceeded(quarter));
+  std::atomic<bool> went_on{false};
+  std::thread producer([&] {
+    stream.wait_run_ahead(quarter);
+    went_on = true;
+  });
+  released = 1;  // three quarters pending: the next item would fit, but the caller waits on
+  while (ran.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(went_on.load());
+  EXPECT_FALSE(stream.run_ahead_exceeded(quarter));  // a caller that was not waiting would not wait
+  released = 2;  // half pending: it goes on
+  producer.join();
+  EXPECT_TRUE(went_on.load());
+  EXPECT_GE(ran.load(), 2);
+  released = 4;
+  stream.synchronize();
+  EXPECT_EQ(ran.load(), 4);
+}
