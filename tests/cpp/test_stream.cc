@@ -345,7 +345,8 @@ TEST(StreamRunAhead, WaitResumesAtHalfTheBound) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(went_on.load());
   EXPECT_FALSE(stream.run_ahead_exceeded(quarter));  // a caller that was not waiting would not wait
-  released = 2;  // half pending: it goes on
+  // Half pending: it goes on.
+  released = 2;
   producer.join();
   EXPECT_TRUE(went_on.load());
   EXPECT_GE(ran.load(), 2);
