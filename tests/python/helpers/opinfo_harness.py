@@ -90,18 +90,7 @@ RANDOM_OPS = frozenset({
 
 # Per-op tolerance widenings: {(full_name, dtype_name, kind or '*'): ((rtol, atol), reason)}.
 # Applied on top of the OpInfo's own toleranceOverride / precisionOverride.
-_ADDR_WHY = ("on tpu addr runs its CompositeExplicitAutograd decomposition (math_addr: bf16 outer product "
-             "rounded, then beta*self + alpha*outer rounded again) instead of CPU's fused kernel; where the "
-             "two terms cancel, their bf16 roundings (1 ulp = 0.125 for |terms| in [16, 32)) dominate")
-_LAYER_NORM_WHY = ("tpu runs native_layer_norm's CompositeImplicit decomposition (math_native_layer_norm via "
-                   "native_batch_norm); for one-element normalized shapes (var=0, eps=1e-5) the 1-ulp error "
-                   "of batch_norm's mean is amplified by rstd=316 (observed 1.2e-4 in outputs, 4.9e-4 in "
-                   "grads, where CPU's fused kernel gives exactly bias / 0)")
-TOLERANCE_OVERRIDES: dict[tuple[str, str, str], tuple[tuple[float, float], str]] = {
-    ("addr", "bfloat16", "*"): ((1.6e-2, 0.125), _ADDR_WHY),
-    ("native_layer_norm", "float32", "*"): ((1.3e-6, 1e-3), _LAYER_NORM_WHY),
-    ("nn.functional.layer_norm", "float32", "*"): ((1.3e-6, 1e-3), _LAYER_NORM_WHY),
-}
+TOLERANCE_OVERRIDES: dict[tuple[str, str, str], tuple[tuple[float, float], str]] = {}
 
 
 def full_name(op: OpInfo) -> str:

@@ -139,20 +139,45 @@ def test_addr_bad_shape_raises_at_call():
     )
 
 
-def test_defer_and_fuse_keeps_the_composite_pieces():
-    # Under defer_and_fuse the composites stay: their pieces are recorded into regions (no flush to
-    # CPU's kernel), with values close to CPU's (the composite rounds; fp32 here).
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_defer_and_fuse_runs_cpu_kernels_between_recorded_ops(dtype):
+    # Under defer_and_fuse too these ops run CPU's kernel (the mode does not change values), on
+    # inputs a pending region produces, and the ops around them are still recorded.
     torch.manual_seed(5)
-    x, w = torch.randn(6, 40), torch.randn(40)
-    a, b = torch.randn(6), torch.randn(40)
+    x, w, b = torch.randn(6, 40).to(dtype), torch.randn(40).to(dtype), torch.randn(40).to(dtype)
+    a, v = torch.randn(6).to(dtype), torch.randn(40).to(dtype)
     tdebug.reset_region_stats()
     with torch_tpu.eager_mode("defer_and_fuse"):
-        xt, wt = x.to("tpu"), w.to("tpu")
-        ln = F.layer_norm(xt * 2, (40,), wt)
-        ad = torch.addr(xt, a.to("tpu"), b.to("tpu"))
-        mb = torch.ops.aten.mish_backward(xt, xt + 1)
+        xt, wt, bt = x.to("tpu"), w.to("tpu"), b.to("tpu")
+        ln = F.layer_norm(xt * 2, (40,), wt, bt) + 1
+        ad = torch.addr(xt * 3, a.to("tpu"), v.to("tpu"), alpha=1.5) - 1
+        mb = torch.ops.aten.mish_backward(xt * 0.5, xt + 1) * 2
         got = [t.cpu() for t in (ln, ad, mb)]
-    assert tdebug.region_stats()["ops_recorded"] >= 5, tdebug.region_stats()
-    torch.testing.assert_close(got[0], F.layer_norm(x * 2, (40,), w))
-    torch.testing.assert_close(got[1], torch.addr(x, a, b))
-    torch.testing.assert_close(got[2], torch.ops.aten.mish_backward(x, x + 1))
+    stats = tdebug.region_stats()
+    assert stats["ops_recorded"] >= 7 and stats["flush_reasons"]["conflict"] >= 3, stats
+    expect = [
+        F.layer_norm(x * 2, (40,), w, b) + 1,
+        torch.addr(x * 3, a, v, alpha=1.5) - 1,
+        torch.ops.aten.mish_backward(x * 0.5, x + 1) * 2,
+    ]
+    for g, e in zip(got, expect):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def test_defer_and_fuse_layer_norm_grads_equal_strict():
+    # Forward and backward of a layer norm between fused ops: the same values as strict mode.
+    torch.manual_seed(6)
+    x, w, b, g = torch.randn(4, 16, 64), torch.randn(64), torch.randn(64), torch.randn(4, 16, 64)
+
+    def run(mode):
+        torch_tpu.set_eager_mode(mode)  # global: backward runs on autograd's tpu thread
+        try:
+            xt, wt, bt = (t.to("tpu").requires_grad_() for t in (x, w, b))
+            y = F.layer_norm(xt * 2 + 1, (64,), wt, bt) * 3  # elementwise pieces: exact in any order
+            y.backward(g.to("tpu"))
+            return [t.cpu() for t in (y, xt.grad, wt.grad, bt.grad)]
+        finally:
+            torch_tpu.set_eager_mode("strict")
+
+    for g, e in zip(run("defer_and_fuse"), run("strict")):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
