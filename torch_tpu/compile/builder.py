@@ -83,28 +83,57 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     anc: dict[torch.fx.Node, frozenset] = {}
     region_size: list[int] = []
     empty = frozenset()
+    # A fusible node none of whose inputs is in a region (a root: `addmm * 0.5` in gelu's
+    # backward) waits for its first reader and joins that reader's region, instead of starting
+    # one of its own that the later ops would then be split across (the tanh-gelu backward was
+    # two regions, three [N, H] intermediates through memory). Nothing reads a pending node
+    # before its first reader, so no dependency recorded so far goes through it.
+    pending: dict[torch.fx.Node, None] = {}  # insertion-ordered: region numbers stay deterministic
+
+    def new_region() -> int:
+        region_size.append(0)
+        return len(region_size) - 1
+
+    def place(n: torch.fx.Node, r: int) -> None:
+        region_of[n] = r
+        region_size[r] += 1
+        anc[n] = anc[n] | {r}
+
     for n in body:
         ins = n.all_input_nodes
+        waiting = [a for a in dict.fromkeys(ins) if a in pending]
+        for a in waiting:
+            del pending[a]
         if n in fusible_nodes:
             chosen = None
             cands = sorted({region_of[a] for a in ins if a in region_of}, reverse=True)
+            room = len(waiting) + 1
             for r in cands:
-                if region_size[r] >= MAX_REGION_NODES:
+                if region_size[r] + room > MAX_REGION_NODES:
                     continue
                 if all(region_of.get(a) == r or r not in anc.get(a, empty) for a in ins):
                     chosen = r
                     break
-            if chosen is None:
-                chosen = len(region_size)
-                region_size.append(0)
-            region_of[n] = chosen
-            region_size[chosen] += 1
+            if chosen is None and not cands and not waiting:
+                pending[n] = None
+            else:
+                if chosen is None:
+                    chosen = new_region()
+                for a in waiting:
+                    place(a, chosen)
+                region_of[n] = chosen
+                region_size[chosen] += 1
+        else:
+            for a in waiting:  # read by a library call first: a region of its own
+                place(a, new_region())
         d = set()
         for a in ins:
             d |= anc.get(a, empty)
         if n in region_of:
             d.add(region_of[n])
         anc[n] = frozenset(d)
+    for n in list(pending):  # read by no later node (graph outputs)
+        place(n, new_region())
 
     # A region of one op runs ATen's kernel instead (a library call): fusion gains
     # nothing there, and ATen's kernel (vectorized, on the intra-op threads) is faster
