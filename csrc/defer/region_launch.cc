@@ -62,7 +62,8 @@ ValueId partial_reduce(const ir::Graph& g, ValueId o, int64_t n, const std::vect
   const ir::ElementType dt = op.type.dtype;
   if (dt != ir::ElementType::f32 && dt != ir::ElementType::f64) return -1;
   const ir::ReduceKind k = op.attrs.reduce_kind;
-  if (!(k == ir::ReduceKind::kMax || k == ir::ReduceKind::kMin || (k == ir::ReduceKind::kSum && op.attrs.init.f == 0.0)))
+  if (!(k == ir::ReduceKind::kMax || k == ir::ReduceKind::kMin ||
+        (k == ir::ReduceKind::kSum && op.attrs.init.f == 0.0)))
     return -1;
   const ValueId u = op.operands[0];
   if (g.type(u).rank() == 0 || g.type(u).shape[0] != n || op.attrs.dimensions.empty() || op.attrs.dimensions[0] != 0)

@@ -34,8 +34,10 @@ def test_gelu_tanh_backward_and_bias_sum_are_one_split_region(programs):
         m = torch.nn.Linear(256, 1024).to(dev)
         m.load_state_dict(lin.state_dict())
         xd = x.to(dev).detach().requires_grad_()  # a leaf on either device
-        f = (lambda t: F.gelu(m(t), approximate="tanh")) if dev == "cpu" else torch.compile(
-            lambda t: F.gelu(m(t), approximate="tanh"), backend="tpu")
+        def block(t, m=m):
+            return F.gelu(m(t), approximate="tanh")
+
+        f = block if dev == "cpu" else torch.compile(block, backend="tpu")
         f(xd).square().sum().backward()
         grads.append((xd.grad.cpu(), m.weight.grad.cpu(), m.bias.grad.cpu()))
     for a, b in zip(*grads):
