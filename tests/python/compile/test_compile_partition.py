@@ -2,6 +2,8 @@
 reader's region; split regions with column-reduction outputs (a bias gradient's sum next to the
 activation gradient) run in row chunks whose partial results are combined. Values against CPU."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,20 +28,17 @@ def programs(monkeypatch):
 
 
 def test_gelu_tanh_backward_and_bias_sum_are_one_split_region(programs):
-    g = torch.Generator().manual_seed(0)
-    lin = torch.nn.Linear(256, 1024)
-    x = torch.randn(512, 256, generator=g)
-    grads = []
-    for dev in ("cpu", "tpu"):
-        m = torch.nn.Linear(256, 1024).to(dev)
-        m.load_state_dict(lin.state_dict())
-        xd = x.to(dev).detach().requires_grad_()  # a leaf on either device
-        def block(t, m=m):
-            return F.gelu(m(t), approximate="tanh")
+    lin_cpu = torch.nn.Linear(256, 1024)
+    lin_tpu = copy.deepcopy(lin_cpu).to("tpu")
+    x_cpu = torch.randn(512, 256, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    x_tpu = x_cpu.detach().to("tpu").requires_grad_()
 
-        f = block if dev == "cpu" else torch.compile(block, backend="tpu")
-        f(xd).square().sum().backward()
-        grads.append((xd.grad.cpu(), m.weight.grad.cpu(), m.bias.grad.cpu()))
+    def block(lin, t):
+        return F.gelu(lin(t), approximate="tanh")
+
+    block(lin_cpu, x_cpu).square().sum().backward()
+    torch.compile(block, backend="tpu")(lin_tpu, x_tpu).square().sum().backward()
+    grads = [[t.grad.cpu() for t in (x, lin.weight, lin.bias)] for x, lin in ((x_cpu, lin_cpu), (x_tpu, lin_tpu))]
     for a, b in zip(*grads):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
     backward = [p for p in programs if p.desc["kind"] == "backward"]
