@@ -374,12 +374,15 @@ void run_chunk(const RegionLaunch& l, int64_t k, const std::vector<exec::Buffer>
   };
   std::vector<exec::Buffer> ci, co;
   for (size_t i = 0; i < in.size(); ++i) ci.push_back(l.param_dim[i] < 0 ? in[i] : slice(in[i], l.param_dim[i]));
-  for (const auto& b : out) co.push_back(slice(b, 0));
-  for (size_t i = 0; i < l.partial_outputs.size(); ++i) {
-    const exec::Buffer& b = out[static_cast<size_t>(l.partial_outputs[i])];
-    co[static_cast<size_t>(l.partial_outputs[i])] =
-        exec::Buffer::contiguous(partials->mem[i].get() + k * partials->bytes[i], b.dtype, b.shape);
+  co.resize(out.size());
+  std::vector<char> partial(out.size(), 0);
+  for (size_t i = 0; i < l.partial_outputs.size(); ++i) {  // (a partial result may have rank 0: not sliced)
+    const size_t j = static_cast<size_t>(l.partial_outputs[i]);
+    partial[j] = 1;
+    co[j] = exec::Buffer::contiguous(partials->mem[i].get() + k * partials->bytes[i], out[j].dtype, out[j].shape);
   }
+  for (size_t j = 0; j < out.size(); ++j)
+    if (!partial[j]) co[j] = slice(out[j], 0);
   exec::run(rows == l.rows ? *l.region : *l.last, ci, co);
 }
 

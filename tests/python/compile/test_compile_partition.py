@@ -83,3 +83,18 @@ def test_root_read_first_by_a_library_call_keeps_its_own_region():
     for a, b in zip(got, want):
         torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
     assert torch_tpu.compile_stats()["library_calls"].get("aten::mm.default") == 1
+
+
+def test_whole_sum_of_a_split_vector_is_a_rank0_partial(programs):
+    a = torch.randn(3 << 18, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+    def f(a):
+        y = a * 2 + 1
+        return y, y.sum()
+
+    got = torch.compile(f, backend="tpu")(a.to("tpu"))
+    want = f(a)
+    torch.testing.assert_close(got[0].cpu(), want[0])
+    torch.testing.assert_close(got[1].cpu(), want[1], rtol=1e-12, atol=1e-9)
+    (r,) = programs[0].regions
+    assert r.chunks > 1 and r.partial_outputs == [1]
