@@ -98,6 +98,9 @@ class ProgramRegion {
   std::string describe() const { return launch_.region ? launch_.region->describe() : std::string(); }
   std::string plan() const { return launch_.region ? launch_.region->plan().to_string(launch_.region->graph()) : ""; }
   bool split() const { return launch_.split(); }
+  int64_t chunks() const { return launch_.chunks; }  // row chunks on the intra-op threads (1: whole)
+  // outputs computed per chunk as partial reductions and combined (RegionLaunch::partial_outputs)
+  std::vector<int> partial_outputs() const { return launch_.partial_outputs; }
 
  private:
   void require_building() const;

@@ -46,20 +46,61 @@ int64_t split_elements() {
 // of its results' leading dimension (-1: needed whole), or an empty vector
 // when the region cannot be split (a reshape, results of other lengths, a
 // value needed both ways).
-std::vector<int> split_dims(const ir::Graph& g, int64_t n) {
+// An output that reduces over the leading dimension of length n (sum with init 0, max, min; f32 or f64),
+// reached through reshapes and broadcasts that only add or drop size-1 dimensions, none of them read by
+// anything else: computed per chunk of rows as a partial result and combined (RegionLaunch::partial_outputs).
+// Returns the reduce and its operand, or -1.
+ValueId partial_reduce(const ir::Graph& g, ValueId o, int64_t n, const std::vector<int>& uses, ValueId* operand) {
+  ValueId v = o;
+  while (g.op(v).kind == ir::OpKind::kReshape || g.op(v).kind == ir::OpKind::kBroadcastInDim) {
+    const ValueId u = g.op(v).operands[0];
+    if (g.type(u).numel() != g.type(v).numel() || uses[u] != 1) return -1;
+    v = u;
+  }
+  const ir::Op& op = g.op(v);
+  if (op.kind != ir::OpKind::kReduce || (v != o && uses[v] != 1)) return -1;
+  const ir::ElementType dt = op.type.dtype;
+  if (dt != ir::ElementType::f32 && dt != ir::ElementType::f64) return -1;
+  const ir::ReduceKind k = op.attrs.reduce_kind;
+  if (!(k == ir::ReduceKind::kMax || k == ir::ReduceKind::kMin ||
+        (k == ir::ReduceKind::kSum && op.attrs.init.f == 0.0)))
+    return -1;
+  const ValueId u = op.operands[0];
+  if (g.type(u).rank() == 0 || g.type(u).shape[0] != n || op.attrs.dimensions.empty() || op.attrs.dimensions[0] != 0)
+    return -1;
+  *operand = u;
+  return v;
+}
+
+std::vector<int> split_dims(const ir::Graph& g, int64_t n, std::vector<int>* partial = nullptr) {
   const int kUnset = -2;
   std::vector<int> dim(static_cast<size_t>(g.num_ops()), kUnset);
   auto merge = [&](ValueId u, int d) {
     if (dim[u] == kUnset) dim[u] = d;
     return dim[u] == d;
   };
-  for (ValueId o : g.outputs()) {
+  std::vector<int> uses(static_cast<size_t>(g.num_ops()), 0);
+  for (const ir::Op& op : g.ops())
+    for (ValueId u : op.operands) ++uses[u];
+  for (ValueId o : g.outputs()) ++uses[o];
+  if (partial) partial->clear();
+  std::vector<char> chain(static_cast<size_t>(g.num_ops()), 0);  // partial results' ops: shapes kept
+  for (size_t j = 0; j < g.outputs().size(); ++j) {
+    const ValueId o = g.outputs()[j];
     const ir::TensorType& t = g.type(o);
-    if (t.rank() == 0 || t.shape[0] != n || !merge(o, 0)) return {};
+    if (t.rank() > 0 && t.shape[0] == n && merge(o, 0)) continue;
+    ValueId operand = -1;
+    const ValueId r = partial && uses[o] == 1 && dim[o] == kUnset ? partial_reduce(g, o, n, uses, &operand) : -1;
+    if (r < 0) return {};
+    for (ValueId v = o; v != r; v = g.op(v).operands[0]) dim[v] = -1, chain[v] = 1;  // whole shape in every chunk
+    dim[r] = -1;
+    chain[r] = 1;
+    if (!merge(operand, 0)) return {};
+    partial->push_back(static_cast<int>(j));
   }
   for (ValueId v = static_cast<ValueId>(g.num_ops()) - 1; v >= 0; --v) {
     const int d = dim[v];
-    if (d == kUnset) continue;
+    if (d == kUnset || chain[v]) continue;
     const ir::Op& op = g.op(v);
     if (op.kind == ir::OpKind::kParameter || op.kind == ir::OpKind::kConstant) continue;
     if (op.kind == ir::OpKind::kReshape) {
@@ -202,7 +243,8 @@ RegionLaunch plan_region_launch(const ir::Graph& g, bool* miss, bool parts) {
   if (split_elements() > 0 && first.rank() > 0 && first.numel() >= split_elements() && first.shape[0] > 1) {
     const int64_t n = first.shape[0];
     ir::Graph live = ir::dead_code_elimination(g);
-    std::vector<int> dim = split_dims(live, n);
+    std::vector<int> partial;
+    std::vector<int> dim = split_dims(live, n, &partial);
     if (!dim.empty()) {
       const int64_t per_row = first.numel() / n;
       const int64_t cache_rows = std::max<int64_t>(1, chunk_elements() / per_row);
@@ -213,6 +255,12 @@ RegionLaunch plan_region_launch(const ir::Graph& g, bool* miss, bool parts) {
         l.rows = rows;
         l.chunks = (n + l.rows - 1) / l.rows;
         for (ValueId p : live.parameters()) l.param_dim.push_back(dim[p]);
+        l.partial_outputs = partial;
+        for (int j : partial) {
+          ValueId v = live.outputs()[static_cast<size_t>(j)];
+          while (live.op(v).kind != ir::OpKind::kReduce) v = live.op(v).operands[0];
+          l.partial_kinds.push_back(live.op(v).attrs.reduce_kind);
+        }
         bool miss_last = false;
         l.region = compile_cached(with_rows(live, dim, l.rows), miss);
         const int64_t last_rows = n - l.rows * (l.chunks - 1);
@@ -251,9 +299,66 @@ RegionLaunch plan_region_launch(const ir::Graph& g, bool* miss, bool parts) {
 
 namespace {
 
-// Chunk k of a split launch (the whole launch when it is not split).
+// Scratch for the partial results of a split launch's partial outputs: chunk k's partial of
+// partial output i at mem[i] + k * bytes[i] (dense).
+struct Partials {
+  std::vector<std::unique_ptr<char[]>> mem;
+  std::vector<int64_t> bytes;
+};
+
+Partials make_partials(const RegionLaunch& l) {
+  Partials p;
+  for (int j : l.partial_outputs) {
+    const ir::TensorType& t = l.output_types[static_cast<size_t>(j)];
+    const int64_t b = t.numel() * ir::element_size(t.dtype);
+    p.bytes.push_back(b);
+    p.mem.emplace_back(new char[static_cast<size_t>(std::max<int64_t>(b * l.chunks, 1))]);
+  }
+  return p;
+}
+
+template <class T>
+T combine(ir::ReduceKind k, T a, T b) {
+  if (k == ir::ReduceKind::kSum) return a + b;
+  if (a != a) return a;  // NaN wins, as in the kernels' reductions
+  if (b != b) return b;
+  return k == ir::ReduceKind::kMax ? (b > a ? b : a) : (b < a ? b : a);
+}
+
+template <class T>
+void combine_into(const RegionLaunch& l, size_t i, const char* parts, const exec::Buffer& out) {
+  const T* p = reinterpret_cast<const T*>(parts);
+  const int64_t n = out.numel();
+  const std::vector<int64_t> strides = out.effective_strides();
+  const ir::ReduceKind kind = l.partial_kinds[i];
+  T* dst = static_cast<T*>(out.data);
+  for (int64_t e = 0; e < n; ++e) {
+    T acc = p[e];
+    for (int64_t k = 1; k < l.chunks; ++k) acc = combine(kind, acc, p[k * n + e]);
+    int64_t off = 0;
+    for (int64_t d = static_cast<int64_t>(out.shape.size()) - 1, rem = e; d >= 0; --d) {
+      off += (rem % out.shape[d]) * strides[d];
+      rem /= out.shape[d];
+    }
+    dst[off] = acc;
+  }
+}
+
+// The partials of every chunk combined, in chunk order, into their outputs.
+void combine_partials(const RegionLaunch& l, const Partials& p, const std::vector<exec::Buffer>& out) {
+  for (size_t i = 0; i < l.partial_outputs.size(); ++i) {
+    const exec::Buffer& o = out[static_cast<size_t>(l.partial_outputs[i])];
+    if (o.dtype == ir::ElementType::f64)
+      combine_into<double>(l, i, p.mem[i].get(), o);
+    else
+      combine_into<float>(l, i, p.mem[i].get(), o);
+  }
+}
+
+// Chunk k of a split launch (the whole launch when it is not split); `partials` takes the
+// chunk's partial results (RegionLaunch::partial_outputs).
 void run_chunk(const RegionLaunch& l, int64_t k, const std::vector<exec::Buffer>& in,
-               const std::vector<exec::Buffer>& out) {
+               const std::vector<exec::Buffer>& out, const Partials* partials) {
   if (!l.split()) {
     exec::run(*l.region, in, out);
     return;
@@ -269,7 +374,15 @@ void run_chunk(const RegionLaunch& l, int64_t k, const std::vector<exec::Buffer>
   };
   std::vector<exec::Buffer> ci, co;
   for (size_t i = 0; i < in.size(); ++i) ci.push_back(l.param_dim[i] < 0 ? in[i] : slice(in[i], l.param_dim[i]));
-  for (const auto& b : out) co.push_back(slice(b, 0));
+  co.resize(out.size());
+  std::vector<char> partial(out.size(), 0);
+  for (size_t i = 0; i < l.partial_outputs.size(); ++i) {  // (a partial result may have rank 0: not sliced)
+    const size_t j = static_cast<size_t>(l.partial_outputs[i]);
+    partial[j] = 1;
+    co[j] = exec::Buffer::contiguous(partials->mem[i].get() + k * partials->bytes[i], out[j].dtype, out[j].shape);
+  }
+  for (size_t j = 0; j < out.size(); ++j)
+    if (!partial[j]) co[j] = slice(out[j], 0);
   exec::run(rows == l.rows ? *l.region : *l.last, ci, co);
 }
 
@@ -278,6 +391,7 @@ void run_chunk(const RegionLaunch& l, int64_t k, const std::vector<exec::Buffer>
 void run_parts(const std::vector<RegionLaunchPart>& parts, const std::vector<exec::Buffer>& in,
                const std::vector<exec::Buffer>& out) {
   std::vector<std::vector<exec::Buffer>> ins(parts.size()), outs(parts.size());
+  std::vector<Partials> partials(parts.size());
   struct Task {
     size_t part;
     int64_t chunk, work;
@@ -287,6 +401,7 @@ void run_parts(const std::vector<RegionLaunchPart>& parts, const std::vector<exe
     for (int i : parts[p].inputs) ins[p].push_back(in[static_cast<size_t>(i)]);
     for (int j : parts[p].outputs) outs[p].push_back(out[static_cast<size_t>(j)]);
     const RegionLaunch& l = parts[p].launch;
+    partials[p] = make_partials(l);
     for (int64_t k = 0; k < l.chunks; ++k) tasks.push_back(Task{p, k, parts[p].work / l.chunks});
   }
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.work > b.work; });
@@ -295,9 +410,10 @@ void run_parts(const std::vector<RegionLaunchPart>& parts, const std::vector<exe
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     for (size_t k; (k = next.fetch_add(1)) < tasks.size();) {
       const Task& t = tasks[k];
-      run_chunk(parts[t.part].launch, t.chunk, ins[t.part], outs[t.part]);
+      run_chunk(parts[t.part].launch, t.chunk, ins[t.part], outs[t.part], &partials[t.part]);
     }
   });
+  for (size_t p = 0; p < parts.size(); ++p) combine_partials(parts[p].launch, partials[p], outs[p]);
 }
 
 }  // namespace
@@ -312,9 +428,11 @@ void run_region_launch(const RegionLaunch& l, const std::vector<exec::Buffer>& i
     exec::run(*l.region, in, out);
     return;
   }
+  const Partials partials = make_partials(l);
   at::parallel_for(0, l.chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) run_chunk(l, k, in, out);
+    for (int64_t k = begin; k < end; ++k) run_chunk(l, k, in, out, &partials);
   });
+  combine_partials(l, partials, out);
 }
 
 // The HBM bytes each reads

@@ -29,7 +29,12 @@ struct RegionLaunch {
   std::shared_ptr<const exec::CompiledRegion> region;  // whole, or a chunk of `rows` rows
   std::shared_ptr<const exec::CompiledRegion> last;    // the last chunk, when shorter
   int64_t n = 0, rows = 0, chunks = 1;
-  std::vector<int> param_dim;                             // per parameter: the dimension chunked, or -1 (read whole)
+  std::vector<int> param_dim;  // per parameter: the dimension chunked, or -1 (read whole)
+  // Outputs that reduce over the chunked rows (a bias gradient's column sum next to the
+  // activation gradient it is summed from): each chunk computes its own partial result into
+  // a scratch buffer, and the partials are combined in chunk order after the chunks ran.
+  std::vector<int> partial_outputs;                       // output indices
+  std::vector<ir::ReduceKind> partial_kinds;              // how their partials combine
   std::vector<ir::TensorType> input_types, output_types;  // of the whole region
   // Independent parts (connected components) of a region that cannot be split
   // whole (results of different lengths: an activation's gradient next to a

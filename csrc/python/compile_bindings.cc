@@ -166,6 +166,8 @@ void register_compile_bindings(py::module_& parent) {
           py::arg("strides") = std::vector<std::vector<int64_t>>{},
           py::arg("into") = std::vector<std::optional<at::Tensor>>{})
       .def_property_readonly("num_kernels", &ProgramRegion::num_kernels)
+      .def_property_readonly("chunks", &ProgramRegion::chunks)
+      .def_property_readonly("partial_outputs", &ProgramRegion::partial_outputs)
       .def_property_readonly("num_ops", &ProgramRegion::num_ops)
       .def_property_readonly("num_parameters", &ProgramRegion::num_parameters)
       .def_property_readonly("split", &ProgramRegion::split)

@@ -75,83 +75,12 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
     on_host = set(host) | set(host_writes)
     body = [n for n in all_body if n not in on_host]
 
-    # ---- partition into regions (cycle-free through library calls)
+    # ---- partition into regions (cycle-free through library calls), steps in topological order
     fusible_nodes = {n for n in body if fusible(n)} if fuse else set()
-    region_of: dict[torch.fx.Node, int] = {}
-    # regions each node depends on (itself included): n may join region R unless
-    # an input outside R depends on R, which would make R wait for itself
-    anc: dict[torch.fx.Node, frozenset] = {}
-    region_size: list[int] = []
-    empty = frozenset()
-    for n in body:
-        ins = n.all_input_nodes
-        if n in fusible_nodes:
-            chosen = None
-            cands = sorted({region_of[a] for a in ins if a in region_of}, reverse=True)
-            for r in cands:
-                if region_size[r] >= MAX_REGION_NODES:
-                    continue
-                if all(region_of.get(a) == r or r not in anc.get(a, empty) for a in ins):
-                    chosen = r
-                    break
-            if chosen is None:
-                chosen = len(region_size)
-                region_size.append(0)
-            region_of[n] = chosen
-            region_size[chosen] += 1
-        d = set()
-        for a in ins:
-            d |= anc.get(a, empty)
-        if n in region_of:
-            d.add(region_of[n])
-        anc[n] = frozenset(d)
-
-    # A region of one op runs ATen's kernel instead (a library call): fusion gains
-    # nothing there, and ATen's kernel (vectorized, on the intra-op threads) is faster
-    # than the executor's for a lone softmax, gelu or cast (defer_and_fuse does the same).
-    # A one-op region whose every user is in one larger region joins it instead (an AdamW
-    # parameter's weight-decay multiply joining its update): no cycle can arise, since every
-    # path out of the op already led into that region.
-    if not single_op_regions:
-        for n in [n for n in region_of if region_size[region_of[n]] == 1]:
-            users = {region_of.get(u, -1) for u in n.users}
-            r = next(iter(users)) if len(users) == 1 else -1
-            if r >= 0 and r != region_of[n] and 1 < region_size[r] < MAX_REGION_NODES:
-                region_size[region_of[n]] -= 1
-                region_of[n] = r
-                region_size[r] += 1
-            else:
-                del region_of[n]
-
-    # ---- steps: condensed DAG in topological order (stable by first node)
-    step_of: dict[torch.fx.Node, tuple[str, int]] = {}
-    groups: dict[tuple[str, int], list[torch.fx.Node]] = {}
-    order_key: dict[tuple[str, int], int] = {}
-    for i, n in enumerate(body):
-        k = ("r", region_of[n]) if n in region_of else ("n", i)
-        step_of[n] = k
-        groups.setdefault(k, []).append(n)
-        order_key.setdefault(k, i)
-    preds: dict[Any, set] = {k: set() for k in groups}
-    succs: dict[Any, set] = {k: set() for k in groups}
-    for n in body:
-        for a in n.all_input_nodes:
-            if a in step_of and step_of[a] != step_of[n]:
-                preds[step_of[n]].add(step_of[a])
-                succs[step_of[a]].add(step_of[n])
-    ready = [(order_key[k], k) for k in groups if not preds[k]]
-    heapq.heapify(ready)
-    ordered = []
-    indeg = {k: len(v) for k, v in preds.items()}
-    while ready:
-        _, k = heapq.heappop(ready)
-        ordered.append(k)
-        for s in succs[k]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(ready, (order_key[s], s))
-    if len(ordered) != len(groups):
-        raise RuntimeError("torch.compile(backend='tpu'): internal error, cyclic step graph")
+    try:
+        region_of, groups, ordered = _partition(body, fusible_nodes, single_op_regions, wait_roots=True)
+    except _CyclicSteps:  # the roots' rule exposed the greedy's per-node dependency sets: without it
+        region_of, groups, ordered = _partition(body, fusible_nodes, single_op_regions, wait_roots=False)
 
     # ---- slots
     slot_of: dict[torch.fx.Node, int] = {}
@@ -308,6 +237,121 @@ def _build_description(gm: torch.fx.GraphModule, example_inputs: Sequence, kind:
         "input_types": [type_str(node_value(p)) for p in placeholders],
         "output_types": _output_types(out_args),
     }
+
+
+class _CyclicSteps(RuntimeError):
+    pass
+
+
+def _partition(body, fusible_nodes, single_op_regions: bool, wait_roots: bool):
+    """Regions (greedy in topological order) and the steps in topological order:
+    (region of each fused node, the nodes of each step, the steps in order). Raises
+    _CyclicSteps when the condensed step graph has a cycle."""
+    region_of: dict[torch.fx.Node, int] = {}
+    # regions each node depends on (itself included): n may join region R unless
+    # an input outside R depends on R, which would make R wait for itself
+    anc: dict[torch.fx.Node, frozenset] = {}
+    region_size: list[int] = []
+    empty = frozenset()
+    # A fusible node none of whose inputs is in a region (a root: `addmm * 0.5` in gelu's
+    # backward) waits for its first reader and joins that reader's region, instead of starting
+    # one of its own that the later ops would then be split across (the tanh-gelu backward was
+    # two regions, three [N, H] intermediates through memory). Nothing reads a pending node
+    # before its first reader, so no dependency recorded so far goes through it.
+    pending: dict[torch.fx.Node, None] = {}  # insertion-ordered: region numbers stay deterministic
+
+    def new_region() -> int:
+        region_size.append(0)
+        return len(region_size) - 1
+
+    def place(n: torch.fx.Node, r: int) -> None:
+        region_of[n] = r
+        region_size[r] += 1
+        anc[n] = anc[n] | {r}
+
+    for n in body:
+        ins = n.all_input_nodes
+        waiting = [a for a in dict.fromkeys(ins) if a in pending]
+        for a in waiting:
+            del pending[a]
+        if n in fusible_nodes:
+            chosen = None
+            cands = sorted({region_of[a] for a in ins if a in region_of}, reverse=True)
+            room = len(waiting) + 1
+            for r in cands:
+                if region_size[r] + room > MAX_REGION_NODES:
+                    continue
+                if all(region_of.get(a) == r or r not in anc.get(a, empty) for a in ins):
+                    chosen = r
+                    break
+            if wait_roots and chosen is None and not cands and not waiting:
+                pending[n] = None
+            else:
+                if chosen is None:
+                    chosen = new_region()
+                for a in waiting:
+                    place(a, chosen)
+                region_of[n] = chosen
+                region_size[chosen] += 1
+        else:
+            for a in waiting:  # read by a library call first: a region of its own
+                place(a, new_region())
+        d = set()
+        for a in ins:
+            d |= anc.get(a, empty)
+        if n in region_of:
+            d.add(region_of[n])
+        anc[n] = frozenset(d)
+    for n in list(pending):  # read by no later node (graph outputs)
+        place(n, new_region())
+
+    # A region of one op runs ATen's kernel instead (a library call): fusion gains
+    # nothing there, and ATen's kernel (vectorized, on the intra-op threads) is faster
+    # than the executor's for a lone softmax, gelu or cast (defer_and_fuse does the same).
+    # A one-op region whose every user is in one larger region joins it instead (an AdamW
+    # parameter's weight-decay multiply joining its update): no cycle can arise, since every
+    # path out of the op already led into that region.
+    if not single_op_regions:
+        for n in [n for n in region_of if region_size[region_of[n]] == 1]:
+            users = {region_of.get(u, -1) for u in n.users}
+            r = next(iter(users)) if len(users) == 1 else -1
+            if r >= 0 and r != region_of[n] and 1 < region_size[r] < MAX_REGION_NODES:
+                region_size[region_of[n]] -= 1
+                region_of[n] = r
+                region_size[r] += 1
+            else:
+                del region_of[n]
+
+    # ---- steps: condensed DAG in topological order (stable by first node)
+    step_of: dict[torch.fx.Node, tuple[str, int]] = {}
+    groups: dict[tuple[str, int], list[torch.fx.Node]] = {}
+    order_key: dict[tuple[str, int], int] = {}
+    for i, n in enumerate(body):
+        k = ("r", region_of[n]) if n in region_of else ("n", i)
+        step_of[n] = k
+        groups.setdefault(k, []).append(n)
+        order_key.setdefault(k, i)
+    preds: dict[Any, set] = {k: set() for k in groups}
+    succs: dict[Any, set] = {k: set() for k in groups}
+    for n in body:
+        for a in n.all_input_nodes:
+            if a in step_of and step_of[a] != step_of[n]:
+                preds[step_of[n]].add(step_of[a])
+                succs[step_of[a]].add(step_of[n])
+    ready = [(order_key[k], k) for k in groups if not preds[k]]
+    heapq.heapify(ready)
+    ordered = []
+    indeg = {k: len(v) for k, v in preds.items()}
+    while ready:
+        _, k = heapq.heappop(ready)
+        ordered.append(k)
+        for s in succs[k]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, (order_key[s], s))
+    if len(ordered) != len(groups):
+        raise _CyclicSteps("torch.compile(backend='tpu'): internal error, cyclic step graph")
+    return region_of, groups, ordered
 
 
 def _reads_only_elementwise(members: list[torch.fx.Node], dst: torch.fx.Node, out: torch.fx.Node) -> bool:

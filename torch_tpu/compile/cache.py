@@ -35,7 +35,7 @@ from . import stats
 log = logging.getLogger("torch_tpu.compile")
 
 # Version of the program description format: part of every key, and checked on each disk entry.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5  # 5: roots join their first reader's region (programs partitioned anew)
 
 
 class Uncacheable(Exception):
