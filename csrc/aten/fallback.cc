@@ -885,6 +885,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // instructions on the calling thread); the fallback's cached meta and its out= kernel on
   // the worker do it in one call.
   m.impl("cat", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());  // gather: fast_ops.cc
+  // Matrix products likewise (their precision handling is the fallback's either way).
+  m.impl("mm", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  m.impl("bmm", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  m.impl("addmm", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
 }
 }  // namespace torch_tpu
 

@@ -26,6 +26,7 @@
 #include <ATen/ops/mul_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
+#include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
@@ -57,7 +58,11 @@ constexpr size_t kTableSlots = 512;  // per thread, direct-mapped: a collision e
 // The signature of one call, as words; `ok()` false when the call is not for this path.
 class FastKey {
  public:
-  explicit FastKey(uint64_t op) { add(static_cast<int64_t>(op)); }
+  // Integer true division and sums of bools follow the default dtype: part of the key.
+  explicit FastKey(uint64_t op) {
+    add(static_cast<int64_t>(op));
+    add(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
+  }
   void tensor(const at::Tensor& t) {
     if (!ok_) return;
     if (!t.defined() || t.layout() != c10::kStrided || t.is_conj() || t.is_neg() || !t.has_storage() ||
