@@ -439,8 +439,9 @@ at::Tensor& div__tensor(at::Tensor& self, const at::Tensor& other) {
   return binary_<at::_ops::div__Tensor>(op, self, other);
 }
 
-at::Tensor sum_all(const at::Tensor& self, std::optional<c10::ScalarType> dtype) {
-  static const FastOp op("aten::sum", "", Path::kOut);
+// sum / mean of every element: (self, dtype).
+template <typename OutOp>
+at::Tensor reduce_all(const FastOp& op, const at::Tensor& self, std::optional<c10::ScalarType> dtype) {
   FastKey key(op.id());
   key.tensor(self), key.dtype(dtype);
   if (FastEntry* e = find(key)) {
@@ -449,28 +450,20 @@ at::Tensor sum_all(const at::Tensor& self, std::optional<c10::ScalarType> dtype)
       return [a = std::move(a), dtype, o = std::move(o)] {
         Host h;
         at::Tensor out = h(o);
-        at::_ops::sum_out::call(h(a), dtype, out);
+        OutOp::call(h(a), dtype, out);
       };
     });
   }
   return op.slow(key, true, self, dtype);
 }
 
+at::Tensor sum_all(const at::Tensor& self, std::optional<c10::ScalarType> dtype) {
+  static const FastOp op("aten::sum", "", Path::kOut);
+  return reduce_all<at::_ops::sum_out>(op, self, dtype);
+}
 at::Tensor mean_all(const at::Tensor& self, std::optional<c10::ScalarType> dtype) {
   static const FastOp op("aten::mean", "", Path::kOut);
-  FastKey key(op.id());
-  key.tensor(self), key.dtype(dtype);
-  if (FastEntry* e = find(key)) {
-    DeferChecked checked({&self}, {});
-    return op.run_out(*e, key.device(), [a = recipe(self), dtype](TensorRecipe o) {
-      return [a = std::move(a), dtype, o = std::move(o)] {
-        Host h;
-        at::Tensor out = h(o);
-        at::_ops::mean_dtype_out::call(h(a), dtype, out);
-      };
-    });
-  }
-  return op.slow(key, true, self, dtype);
+  return reduce_all<at::_ops::mean_dtype_out>(op, self, dtype);
 }
 
 // sum / mean over dims: (self, dim, keepdim, dtype).
