@@ -53,9 +53,29 @@
 #include "runtime/tensor_factory.h"
 
 namespace torch_tpu {
+
+// A copy of a contiguous host tensor (a wrapped Python scalar above all: `a * 2.0`) as a
+// recipe over a fresh host buffer: one memcpy on this thread, where clone() dispatches
+// (~5k instructions for a 0-d tensor). Same sizes and strides as clone() gives a dense
+// tensor. An empty recipe (no storage) for anything else: conj/neg views, other layouts.
+TensorRecipe dense_host_snapshot(const at::Tensor& t) {
+  TensorRecipe r;
+  if (t.layout() != c10::kStrided || !t.has_storage() || t.is_conj() || t.is_neg() || !t.is_contiguous()) return r;
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.itemsize();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator(), /*resizable=*/true);
+  if (nbytes > 0) std::memcpy(storage.mutable_data(), t.const_data_ptr(), nbytes);
+  r.storage = std::move(storage);
+  r.sizes.assign(t.sizes().begin(), t.sizes().end());
+  r.strides.assign(t.strides().begin(), t.strides().end());
+  r.dtype = t.dtype();
+  return r;
+}
+
 namespace {
 
 using c10::IValue;
+
+thread_local StrictCapture* next_capture = nullptr;
 
 // One argument as queued work keeps it: tensors as recipes (storage +
 // metadata), everything else as a value usable by the CPU kernel.
@@ -88,23 +108,6 @@ void call_host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, a
                       bool philox) {
   if (philox) return run_philox_op(op, stack);
   call_with_matmul_precision(op, stack, precision);
-}
-
-// A copy of a contiguous host tensor (a wrapped Python scalar above all: `a * 2.0`) as a
-// recipe over a fresh host buffer: one memcpy on this thread, where clone() dispatches
-// (~5k instructions for a 0-d tensor). Same sizes and strides as clone() gives a dense
-// tensor. An empty recipe (no storage) for anything else: conj/neg views, other layouts.
-TensorRecipe dense_host_snapshot(const at::Tensor& t) {
-  TensorRecipe r;
-  if (t.layout() != c10::kStrided || !t.has_storage() || t.is_conj() || t.is_neg() || !t.is_contiguous()) return r;
-  const size_t nbytes = static_cast<size_t>(t.numel()) * t.itemsize();
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::GetCPUAllocator(), /*resizable=*/true);
-  if (nbytes > 0) std::memcpy(storage.mutable_data(), t.const_data_ptr(), nbytes);
-  r.storage = std::move(storage);
-  r.sizes.assign(t.sizes().begin(), t.sizes().end());
-  r.strides.assign(t.strides().begin(), t.strides().end());
-  r.dtype = t.dtype();
-  return r;
 }
 
 // Converts the op's arguments into queued form; validates devices.
@@ -483,6 +486,7 @@ void record_priced(vtpu::Chip& chip, MetaExtras* extras, const c10::FunctionSche
 }
 
 void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, const OpInfo& info) {
+  StrictCapture* const capture = std::exchange(next_capture, nullptr);
   const auto& schema = op.schema();
   const std::string& label = info.label;
   const bool meta_anyway = info.meta_disagrees && dry_run();  // no CPU results to take shapes from
@@ -594,6 +598,18 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     }
     uint64_t fresh_bytes = 0;
     for (const auto& r : fresh) fresh_bytes += r.storage.nbytes();
+    // Reported once the work is queued (validation raises past it).
+    auto report = [&] {
+      if (!capture || !extras || !extras->priced || philox || any_custom_op_cost() || !last_meta_warnings().empty()) {
+        return;
+      }
+      capture->op = &schema;
+      capture->queued = true;
+      capture->out_variant = out_op.has_value();
+      capture->validated = extras->validated;
+      capture->cost = extras->cost;
+      capture->estimates = extras->estimates;
+    };
     if (out_op) {
       enqueue_or_validate(stream, label, key, validate, extras, fresh_bytes,
                           [op = *out_op, queued = std::move(queued), fresh = std::move(fresh)] {
@@ -603,6 +619,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
                             at::AutoDispatchBelowADInplaceOrView below_autograd;
                             op.callBoxed(&cpu);
                           });
+      report();
       torch::jit::drop(*stack, num_args);
       for (auto& v : results) stack->push_back(std::move(v));
       return;
@@ -623,6 +640,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
                             host.alias(fresh[i]).copy_(result);
                           }
                         });
+    if (!layer_norm) report();
   }
   torch::jit::drop(*stack, num_args);
   for (auto& v : results) stack->push_back(std::move(v));
@@ -710,6 +728,7 @@ void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }  // namespace
 
 void set_validate_first_calls(bool on) { validate_flag().store(on); }
+void capture_next_strict_call(StrictCapture* capture) { next_capture = capture; }
 bool validating_first_calls() { return validate_first_calls(); }
 
 // Synchronous path: wait for the chip, run the CPU kernel on host aliases now.
@@ -825,8 +844,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // allocates through the dispatcher and then dispatches the out= overload (cat 64x64: 24k
   // instructions on the calling thread); the fallback's cached meta and its out= kernel on
   // the worker do it in one call.
-  m.impl("cat", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
-  m.impl("gather", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  m.impl("cat", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());  // gather: fast_ops.cc
+  // Matrix products likewise (their precision handling is the fallback's either way).
+  m.impl("mm", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  m.impl("bmm", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
+  m.impl("addmm", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
 }
 }  // namespace torch_tpu
 

@@ -12,6 +12,7 @@
 #include "aten/portability.h"
 #include "runtime/device.h"
 #include "runtime/host_alias.h"
+#include "vtpu/cost_model.h"
 
 namespace torch_tpu {
 
@@ -22,7 +23,8 @@ class DeviceCheck {
   // `written`: an out= or in-place argument, which must be on the device even when 0-d.
   void tensor(const at::Tensor& t, bool host_allowed, bool written = false) {
     if (!t.defined()) return;
-    if (unsupported_on_tpu(t.scalar_type()) && !noted_) {
+    // A Python number's wrapped tensor (float64 for `x * 2.0`) takes the other operand's dtype.
+    if (unsupported_on_tpu(t.scalar_type()) && !noted_ && !t.unsafeGetTensorImpl()->is_wrapped_number()) {
       note_unsupported(op_, t.scalar_type());
       noted_ = true;
     }
@@ -64,6 +66,29 @@ bool validating_first_calls();
 
 // The boxed fallback every tpu op without a native kernel goes through.
 void tpu_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// What one strict call of the boxed fallback did, for the unboxed fast kernels (fast_ops.cc),
+// which take over a signature once the fallback has queued it this way. Filled only by the
+// strict path's queued (asynchronous) outcome; `queued` stays false for anything else (a
+// synchronous run, a dry run, meta warnings, an uncached signature, a custom cost function).
+struct StrictCapture {
+  const c10::FunctionSchema* op = nullptr;  // the op it describes
+  bool queued = false;
+  bool out_variant = false;  // the CPU kernel ran as the op's out= overload into a fresh result
+  bool validated = false;    // its signature passed the first-call validation (or that is off)
+  vtpu::OpCost cost;         // the cost recorded for it, with its roofline estimates
+  vtpu::CostEstimates estimates;
+};
+// The next strict_fallback call on this thread reports into `capture` (and clears this).
+void capture_next_strict_call(StrictCapture* capture);
+
+// The ops with unboxed strict-mode kernels in fast_ops.cc ("aten::add.Tensor", ...): their
+// PrivateUse1 kernel is that one (fusible_ops.cc registers the others).
+const std::vector<std::string>& fast_op_labels();
+
+// A host tensor's contents as a recipe over a fresh host buffer (one memcpy), or an empty
+// recipe (no storage) where that does not apply (see fallback.cc).
+TensorRecipe dense_host_snapshot(const at::Tensor& t);
 
 // native_layer_norm written by CPU's own kernel straight into its HBM results `fresh`
 // (output, mean, rstd) over the host stack `cpu` (layer_norm_direct.cc). False, with nothing

@@ -2,8 +2,10 @@
 
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "aten/matmul_precision.h"
 #include "runtime/device.h"
@@ -34,11 +36,14 @@ bool returns_only_tensors(const c10::FunctionSchema& schema) {
 }
 
 // The out= overload of a functional op: same arguments followed by one
-// kwarg-only Tensor(a!) per return ("add.Tensor" -> "add.out"). Cached.
+// kwarg-only Tensor(a!) per return ("add.Tensor" -> "add.out"; "mean" -> "mean.dtype_out",
+// "sum.dim_IntList" -> "sum.IntList_out"). Cached.
 std::optional<c10::OperatorHandle> find_out_variant(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
   const std::string& overload = schema.overload_name();
-  for (const std::string& name : {overload.empty() ? std::string("out") : overload + "_out", std::string("out")}) {
+  std::vector<std::string> names = {overload.empty() ? std::string("out") : overload + "_out", "out", "dtype_out"};
+  if (overload.rfind("dim_", 0) == 0) names.push_back(overload.substr(4) + "_out");
+  for (const std::string& name : names) {
     auto handle = c10::Dispatcher::singleton().findOp({schema.name(), name});
     if (!handle) continue;
     const auto& out = handle->schema();

@@ -13,6 +13,8 @@
 #include <ATen/ops/ones_like.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "aten/fallback_internal.h"
 #include "aten/op_info.h"
 #include "defer/defer.h"
@@ -83,6 +85,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     const std::string qualified = label.substr(0, label.find('.'));
     const std::string overload = label.find('.') == std::string::npos ? "" : label.substr(label.find('.') + 1);
     if (qualified == "aten::_to_copy" || qualified == "aten::clone") continue;
+    const auto& fast = fast_op_labels();  // their unboxed kernels hand other modes to the fallback
+    if (std::find(fast.begin(), fast.end(), label) != fast.end()) continue;
     auto handle = c10::Dispatcher::singleton().findOp({qualified, overload});
     // Composite-implicit ops decompose into fusible ones (a backend kernel
     // would bypass their autograd formula); native tpu kernels stay.

@@ -14,23 +14,34 @@
 
 namespace torch_tpu {
 
-at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype, c10::DeviceIndex device) {
-  chip(device);  // validates the index before anything is allocated
-  auto meta = c10::scalarTypeToTypeMeta(dtype);
-  size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, meta.itemsize());
-  uint64_t physical = vtpu::physical_bytes(sizes.vec(), meta.itemsize());
-  if (nbytes > static_cast<size_t>(c10::multiply_integers(sizes)) * meta.itemsize()) {
+void tpu_buffer_bytes(c10::IntArrayRef sizes, c10::IntArrayRef strides, size_t itemsize, size_t* nbytes,
+                      uint64_t* physical) {
+  *nbytes = at::detail::computeStorageNbytes(sizes, strides, itemsize);
+  *physical = vtpu::physical_bytes(sizes.vec(), itemsize);
+  if (*nbytes > static_cast<size_t>(c10::multiply_integers(sizes)) * itemsize) {
     // Strides with gaps span more memory than the shape: tile the whole span.
-    int64_t span = static_cast<int64_t>(nbytes / meta.itemsize());
-    physical = std::max(physical, vtpu::physical_bytes({span}, meta.itemsize()));
+    int64_t span = static_cast<int64_t>(*nbytes / itemsize);
+    *physical = std::max(*physical, vtpu::physical_bytes({span}, itemsize));
   }
+}
+
+at::Tensor empty_tpu_bytes(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                           c10::DeviceIndex device, size_t nbytes, uint64_t physical) {
   auto data = tpu_allocator().allocate_on(device, nbytes, physical);
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), &tpu_allocator(),
                        /*resizable=*/true);
-  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
-                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), meta);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
   return t;
+}
+
+at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype, c10::DeviceIndex device) {
+  chip(device);  // validates the index before anything is allocated
+  size_t nbytes;
+  uint64_t physical;
+  tpu_buffer_bytes(sizes, strides, c10::elementSize(dtype), &nbytes, &physical);
+  return empty_tpu_bytes(sizes, strides, dtype, device, nbytes, physical);
 }
 
 void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {

@@ -3,11 +3,22 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
+#include <cstdint>
+
 namespace torch_tpu {
 
 // A tpu tensor with `sizes`/`strides` on tpu:<device>, its storage taken from
 // the chip's HBM and accounted in physical (tiled) bytes.
 at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype, c10::DeviceIndex device);
+
+// The bytes empty_tpu() takes for that layout: the storage's `nbytes` and the HBM bytes it
+// is accounted in (`physical`, tiled).
+void tpu_buffer_bytes(c10::IntArrayRef sizes, c10::IntArrayRef strides, size_t itemsize, size_t* nbytes,
+                      uint64_t* physical);
+// empty_tpu() with those bytes worked out before (tpu_buffer_bytes of the same layout).
+at::Tensor empty_tpu_bytes(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                           c10::DeviceIndex device, size_t nbytes, uint64_t physical);
 
 // Grows (or shrinks) a tpu storage to `nbytes`, keeping its contents.
 void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);
