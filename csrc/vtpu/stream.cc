@@ -79,6 +79,11 @@ void Stream::wait_run_ahead(uint64_t fresh_bytes) {
   }
 }
 
+bool Stream::run_ahead_waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return run_ahead_waiter_;
+}
+
 void Stream::push(Item item) {
   if (const trace::Hooks* h = trace::hooks()) {
     item.trace = h->enqueue(chip_, id_, item.name ? item.name : item.owned_name.c_str());

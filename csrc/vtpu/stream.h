@@ -32,10 +32,10 @@ class Stream {
   static constexpr int kSpinMicroseconds = 50;
   // Default bound on the bytes of fresh results that queued work may hold
   // before enqueue_named(..., fresh_bytes) waits (TORCH_TPU_RUN_AHEAD_BYTES).
-  // With the wait's hysteresis (down to half), 32 MiB lets the caller queue
-  // four 1024x1024 fp32 results per wake-up; 64 MiB made those kernels slower
-  // (their output buffers no longer stay in cache).
-  static constexpr uint64_t kRunAheadBytes = 32ull << 20;
+  // 32 MiB (four 1024x1024 fp32 results per wake-up) measured slower than 8 MiB on
+  // an idle machine (ops.py 1024 geomean 1.20 vs 1.04) and raised the demo's peak
+  // HBM; 64 MiB made those kernels slower still (output buffers leave the cache).
+  static constexpr uint64_t kRunAheadBytes = 8ull << 20;
 
   Stream(int chip, int64_t id);
   ~Stream();  // drains the queue, then joins the worker
@@ -71,6 +71,8 @@ class Stream {
   // fall to half of run_ahead_bytes() (or one sized item, or a kUnsized one, is
   // left): one wake-up per several queued ops rather than one per op.
   void wait_run_ahead(uint64_t fresh_bytes);
+  // Whether a caller is waiting in wait_run_ahead() now.
+  bool run_ahead_waiting() const;
   // The run-ahead bound: TORCH_TPU_RUN_AHEAD_BYTES (a byte
   // count; 0 turns the bound off), default kRunAheadBytes.
   static uint64_t run_ahead_bytes();

@@ -340,6 +340,7 @@ TEST(StreamRunAhead, WaitResumesAtHalfTheBound) {
     stream.wait_run_ahead(quarter);
     went_on = true;
   });
+  while (!stream.run_ahead_waiting()) std::this_thread::yield();  // it waits before any item is done
   released = 1;  // three quarters pending: the next item would fit, but the caller waits on
   while (ran.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -336,7 +336,7 @@ def test_backward_right_before_interpreter_exit_does_not_abort():
 
 
 def test_run_ahead_bound_waits_without_holding_the_gil(gate):
-    # 12 MiB results, over the 32 MiB run-ahead bound (TORCH_TPU_RUN_AHEAD_BYTES): the fourth call
+    # 12 MiB results, over the 8 MiB run-ahead bound (TORCH_TPU_RUN_AHEAD_BYTES): the third call
     # waits for the worker, whose queued Python kernel needs the GIL (and the timer thread
     # opening the gate does too), so the wait must release it.
     x = torch.zeros(3 << 20, device="tpu")
