@@ -328,39 +328,23 @@ using OptDims = std::optional<c10::DimVector>;
 OptDims own(at::OptionalIntArrayRef d) { return d ? OptDims(c10::DimVector(*d)) : std::nullopt; }
 at::OptionalIntArrayRef view(const OptDims& d) { return d ? at::OptionalIntArrayRef(*d) : std::nullopt; }
 
-// a OP b (add/sub with alpha).
-template <typename OutOp>
-at::Tensor binary_alpha(const FastOp& op, const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  FastKey key(op.id());
-  key.tensor(self), key.tensor(other), key.scalar(alpha);
-  if (FastEntry* e = find(key)) {
-    DeferChecked checked({&self, &other}, {});
-    return op.run_out(*e, key.device(), [a = recipe(self), b = recipe(other), alpha](TensorRecipe o) {
-      return [a = std::move(a), b = std::move(b), alpha, o = std::move(o)] {
-        Host h;
-        at::Tensor out = h(o);
-        OutOp::call(h(a), h(b), alpha, out);
-      };
-    });
-  }
-  return op.slow(key, true, self, other, alpha);
-}
-
-template <typename OutOp>
-at::Tensor binary(const FastOp& op, const at::Tensor& self, const at::Tensor& other) {
+// a OP b, with add/sub's alpha as the one `extra` argument.
+template <typename OutOp, typename... Extra>
+at::Tensor binary(const FastOp& op, const at::Tensor& self, const at::Tensor& other, const Extra&... extra) {
   FastKey key(op.id());
   key.tensor(self), key.tensor(other);
+  (key.scalar(extra), ...);
   if (FastEntry* e = find(key)) {
     DeferChecked checked({&self, &other}, {});
-    return op.run_out(*e, key.device(), [a = recipe(self), b = recipe(other)](TensorRecipe o) {
-      return [a = std::move(a), b = std::move(b), o = std::move(o)] {
+    return op.run_out(*e, key.device(), [a = recipe(self), b = recipe(other), extra...](TensorRecipe o) {
+      return [a = std::move(a), b = std::move(b), extra..., o = std::move(o)] {
         Host h;
         at::Tensor out = h(o);
-        OutOp::call(h(a), h(b), out);
+        OutOp::call(h(a), h(b), extra..., out);
       };
     });
   }
-  return op.slow(key, true, self, other);
+  return op.slow(key, true, self, other, extra...);
 }
 
 // In place: `self` is written, so it must be on the chip and share no storage with `other`
@@ -370,49 +354,32 @@ bool writable_alone(const at::Tensor& self, const at::Tensor& other) {
          other.has_storage() && !self.storage().is_alias_of(other.storage());
 }
 
-template <typename InPlaceOp>
-at::Tensor& binary_alpha_(const FastOp& op, at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  FastKey key(op.id());
-  key.tensor(self), key.tensor(other), key.scalar(alpha);
-  const bool alone = key.ok() && writable_alone(self, other);
-  if (FastEntry* e = alone ? find(key) : nullptr) {
-    DeferChecked checked({&other}, {&self});
-    op.run_in_place(*e, key.device(), [a = recipe(self), b = recipe(other), alpha] {
-      Host h;
-      at::Tensor s = h(a);
-      InPlaceOp::call(s, h(b), alpha);
-    });
-    return self;
-  }
-  op.slow(key, alone, self, other, alpha);
-  return self;
-}
-
-template <typename InPlaceOp>
-at::Tensor& binary_(const FastOp& op, at::Tensor& self, const at::Tensor& other) {
+template <typename InPlaceOp, typename... Extra>
+at::Tensor& binary_(const FastOp& op, at::Tensor& self, const at::Tensor& other, const Extra&... extra) {
   FastKey key(op.id());
   key.tensor(self), key.tensor(other);
+  (key.scalar(extra), ...);
   const bool alone = key.ok() && writable_alone(self, other);
   if (FastEntry* e = alone ? find(key) : nullptr) {
     DeferChecked checked({&other}, {&self});
-    op.run_in_place(*e, key.device(), [a = recipe(self), b = recipe(other)] {
+    op.run_in_place(*e, key.device(), [a = recipe(self), b = recipe(other), extra...] {
       Host h;
       at::Tensor s = h(a);
-      InPlaceOp::call(s, h(b));
+      InPlaceOp::call(s, h(b), extra...);
     });
     return self;
   }
-  op.slow(key, alone, self, other);
+  op.slow(key, alone, self, other, extra...);
   return self;
 }
 
 at::Tensor add_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   static const FastOp op("aten::add", "Tensor", Path::kOut);
-  return binary_alpha<at::_ops::add_out>(op, self, other, alpha);
+  return binary<at::_ops::add_out>(op, self, other, alpha);
 }
 at::Tensor sub_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   static const FastOp op("aten::sub", "Tensor", Path::kOut);
-  return binary_alpha<at::_ops::sub_out>(op, self, other, alpha);
+  return binary<at::_ops::sub_out>(op, self, other, alpha);
 }
 at::Tensor mul_tensor(const at::Tensor& self, const at::Tensor& other) {
   static const FastOp op("aten::mul", "Tensor", Path::kOut);
@@ -424,11 +391,11 @@ at::Tensor div_tensor(const at::Tensor& self, const at::Tensor& other) {
 }
 at::Tensor& add__tensor(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   static const FastOp op("aten::add_", "Tensor", Path::kInPlace);
-  return binary_alpha_<at::_ops::add__Tensor>(op, self, other, alpha);
+  return binary_<at::_ops::add__Tensor>(op, self, other, alpha);
 }
 at::Tensor& sub__tensor(at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   static const FastOp op("aten::sub_", "Tensor", Path::kInPlace);
-  return binary_alpha_<at::_ops::sub__Tensor>(op, self, other, alpha);
+  return binary_<at::_ops::sub__Tensor>(op, self, other, alpha);
 }
 at::Tensor& mul__tensor(at::Tensor& self, const at::Tensor& other) {
   static const FastOp op("aten::mul_", "Tensor", Path::kInPlace);
