@@ -7,10 +7,11 @@
 #include "exec/vmath.h"
 
 // Runtime CPU dispatch: each entry point below exists as an AVX-512 (x86-64-v4),
-// an AVX2 and a baseline clone; the loops are forced inline so each clone vectorizes them
-// for its own ISA.
+// an AVX2 + FMA (x86-64-v3) and a baseline clone; the loops are forced inline so each clone
+// vectorizes them for its own ISA (vmath's explicit FMAs: vfmadd in the first two, libm's
+// exact fmaf in the baseline one, so all three give the same bits).
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define TPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#define TPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define TPU_CLONES
 #endif

@@ -2,8 +2,8 @@
 // Each function runs one op over n values of a tile; pointers are to arrays
 // of the lane type (float, double, int64_t, uint8_t), never aliasing each
 // other. An operand pointer may be null: then its immediate scalar is used.
-// Each entry point is compiled for AVX-512 (x86-64-v4), AVX2 and baseline
-// x86-64, chosen at load time (function multiversioning).
+// Each entry point is compiled for AVX-512 (x86-64-v4), AVX2 + FMA (x86-64-v3)
+// and baseline x86-64, chosen at load time (function multiversioning).
 #pragma once
 
 #include <cstdint>

@@ -6,6 +6,12 @@
 // (S. Moshier); erf is the rational approximation Eigen and XLA use for f32.
 // Errors stay within a few ulp; sin/cos are accurate for |x| <= 8192 and the
 // kernels recompute larger arguments in double.
+//
+// exp and tanh evaluate with explicit fused multiply-adds (vmath::fma): one
+// rounding per step, the same on every CPU. The kernels' AVX-512 and AVX2
+// (x86-64-v3) clones issue vfmadd; the baseline x86-64 clone, for CPUs
+// without FMA (none since 2013), calls libm's exact fmaf per element: slow,
+// but bit-identical (tests/cpp/test_vmath.cc checks both).
 #pragma once
 
 #include <cstdint>
@@ -24,26 +30,37 @@ constexpr float kInf = __builtin_inff();
 
 VMATH_INLINE float select(bool c, float a, float b) { return c ? a : b; }
 
+// a * b + c rounded once (IEEE fusedMultiplyAdd); never contracted or split.
+VMATH_INLINE float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+
+// exp's core for a clamped, non-NaN argument: e^r * 2^n with
+// n = round(x / ln 2) (the 1.5 * 2^23 trick: round to nearest even) and
+// r = x - n ln 2 in two parts (0.693359375 has 9 bits: n times it is exact).
+VMATH_INLINE float exp_reduced(float xc, float* n_out) {
+  float n = fma(xc, 1.44269504088896341f, 12582912.0f);
+  n = n - 12582912.0f;
+  float r = fma(n, -0.693359375f, xc);
+  r = fma(n, 2.12194440e-4f, r);
+  const float z = r * r;
+  float p = 1.9875691500E-4f;
+  p = fma(p, r, 1.3981999507E-3f);
+  p = fma(p, r, 8.3334519073E-3f);
+  p = fma(p, r, 4.1665795894E-2f);
+  p = fma(p, r, 1.6666665459E-1f);
+  p = fma(p, r, 5.0000001201E-1f);
+  p = fma(p, z, r);
+  *n_out = n;
+  return p + 1.0f;
+}
+
 VMATH_INLINE float exp(float x) {
   // Clamp so that the exponent split below stays in range; exp(100) already
   // overflows and exp(-110) underflows to 0. NaN is restored at the end.
   float xc = x > 100.0f ? 100.0f : x;
   xc = xc < -110.0f ? -110.0f : xc;
   xc = x == x ? xc : 0.0f;
-  // n = round(x / ln 2) with the 1.5 * 2^23 trick (round to nearest even).
-  float n = xc * 1.44269504088896341f + 12582912.0f;
-  n = n - 12582912.0f;
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  const float z = r * r;
-  float p = 1.9875691500E-4f;
-  p = p * r + 1.3981999507E-3f;
-  p = p * r + 8.3334519073E-3f;
-  p = p * r + 4.1665795894E-2f;
-  p = p * r + 1.6666665459E-1f;
-  p = p * r + 5.0000001201E-1f;
-  p = p * z + r;
-  p = p + 1.0f;
+  float n;
+  const float p = exp_reduced(xc, &n);
   // 2^n as two normal factors so that subnormal results round once.
   const int32_t ni = static_cast<int32_t>(n);
   const int32_t n1 = ni >> 1;
@@ -109,19 +126,26 @@ VMATH_INLINE float expm1(float x) {
   return r;
 }
 
+// tanh(|x|) with the sign of x put back (odd function; keeps -0 and NaN):
+// Cephes' odd polynomial below 0.625, 1 - 2 / (e^2|x| + 1) above. Past
+// |x| = 9.01 the result rounds to 1, so 2|x| is clamped to 19: e stays a
+// normal float below 2^28 and needs none of exp's range handling.
 VMATH_INLINE float tanh(float x) {
   const float ax = __builtin_fabsf(x);
-  const float z = x * x;
+  const float z = ax * ax;
   float p = -5.70498872745E-3f;
-  p = p * z + 2.06390887954E-2f;
-  p = p * z + -5.37397155531E-2f;
-  p = p * z + 1.33314422036E-1f;
-  p = p * z + -3.33332819422E-1f;
-  const float small = (p * z) * x + x;
-  const float e = vmath::exp(ax + ax);
-  float big = 1.0f - 2.0f / (e + 1.0f);
-  big = f32_from_bits(f32_bits(big) | (f32_bits(x) & 0x80000000u));
-  return ax < 0.625f ? (x == 0.0f ? x : small) : big;  // keeps -0
+  p = fma(p, z, 2.06390887954E-2f);
+  p = fma(p, z, -5.37397155531E-2f);
+  p = fma(p, z, 1.33314422036E-1f);
+  p = fma(p, z, -3.33332819422E-1f);
+  const float small = fma(p * z, ax, ax);  // ax exactly where z underflows
+  const float y = ax + ax;
+  float n;
+  const float m = exp_reduced(y < 19.0f ? y : 19.0f, &n);  // NaN: 19, replaced below
+  const float e = m * f32_from_bits(static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23);
+  const float big = 1.0f - 2.0f / (e + 1.0f);
+  const float t = ax >= 0.625f ? big : small;  // NaN takes the polynomial: stays NaN
+  return f32_from_bits(f32_bits(t) | (f32_bits(x) & 0x80000000u));
 }
 
 VMATH_INLINE float logistic(float x) { return 1.0f / (1.0f + vmath::exp(-x)); }
