@@ -67,17 +67,35 @@ std::vector<float> sweep_inputs() {
   dense(-0.65f, -0.6f, 20000);
   dense(8.9f, 9.6f, 20000);  // tanh rounding to 1, the clamp of 2|x| at 19
   dense(-9.6f, -8.9f, 20000);
-  dense(87.0f, 89.0f, 20000);     // exp overflow
-  dense(-105.0f, -86.0f, 40000);  // exp's subnormal results
+  dense(87.0f, 89.0f, 20000);            // exp overflow
+  dense(-105.0f, -86.0f, 40000);         // exp's subnormal results
   for (uint32_t u = 1; u < 5000; ++u) {  // subnormals and the smallest normals, both signs
     v.push_back(from_bits(u));
     v.push_back(from_bits(u | 0x80000000u));
     v.push_back(from_bits(0x00800000u + u));
   }
   const float inf = std::numeric_limits<float>::infinity();
-  for (float s : {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
-                  std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(), 0.625f, -0.625f, 9.5f, -9.5f,
-                  88.72283f, 88.72284f, -103.97208f, -103.97209f, -87.33655f, 100.0f, -110.0f, 1e-20f, -1e-20f})
+  for (float s : {0.0f,
+                  -0.0f,
+                  inf,
+                  -inf,
+                  std::numeric_limits<float>::quiet_NaN(),
+                  -std::numeric_limits<float>::quiet_NaN(),
+                  std::numeric_limits<float>::max(),
+                  -std::numeric_limits<float>::max(),
+                  0.625f,
+                  -0.625f,
+                  9.5f,
+                  -9.5f,
+                  88.72283f,
+                  88.72284f,
+                  -103.97208f,
+                  -103.97209f,
+                  -87.33655f,
+                  100.0f,
+                  -110.0f,
+                  1e-20f,
+                  -1e-20f})
     v.push_back(s);
   return v;
 }
@@ -105,8 +123,8 @@ double reference(Fn f, float x) {
 // The executor's own dispatched entry point (the clone for this CPU).
 std::vector<float> run_executor(Fn f, const std::vector<float>& x) {
   std::vector<float> d(x.size());
-  exec::tile::unary(f == Fn::kExp ? ir::OpKind::kExponential : ir::OpKind::kTanh, exec::Lane::kF32, d.data(),
-                    x.data(), static_cast<int64_t>(x.size()));
+  exec::tile::unary(f == Fn::kExp ? ir::OpKind::kExponential : ir::OpKind::kTanh, exec::Lane::kF32, d.data(), x.data(),
+                    static_cast<int64_t>(x.size()));
   return d;
 }
 
@@ -128,8 +146,9 @@ TEST(Vmath, TanhMaxUlp) { expect_max_ulp(Fn::kTanh, 2.0); }
 
 TEST(Vmath, ExpSpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
-  const std::vector<float> x = {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), 89.0f, -104.0f,
-                                -110.0f, -1000.0f, 1000.0f, from_bits(1), -from_bits(1)};
+  const std::vector<float> x = {0.0f,         -0.0f,        inf,     -inf,     std::numeric_limits<float>::quiet_NaN(),
+                                89.0f,        -104.0f,      -110.0f, -1000.0f, 1000.0f,
+                                from_bits(1), -from_bits(1)};
   const std::vector<float> d = run_executor(Fn::kExp, x);
   EXPECT_EQ(d[0], 1.0f);
   EXPECT_EQ(d[1], 1.0f);
