@@ -366,7 +366,9 @@ TEST(StreamSyncWait, ShortBurstsSeeAllTheirWork) {
   int expected = 0;
   for (int burst = 0; burst < 1000; ++burst) {
     const int n = 1 + burst % 7;
-    for (int i = 0; i < n; ++i) stream.enqueue_named("inc", [&total] { ++total; }, 64);
+    for (int i = 0; i < n; ++i)
+      stream.enqueue_named(
+          "inc", [&total] { ++total; }, 64);
     expected += n;
     if (burst % 2) {
       stream.synchronize();
@@ -413,7 +415,8 @@ TEST(StreamSyncWait, WaitersWhileAnotherThreadQueues) {
   std::atomic<bool> stop{false};
   std::thread producer([&] {
     for (int i = 0; !stop.load(); ++i) {
-      stream.enqueue_named("inc", [&ran] { ran.fetch_add(1); }, 64);
+      stream.enqueue_named(
+          "inc", [&ran] { ran.fetch_add(1); }, 64);
       if (i % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));  // lets the queue drain
     }
   });
