@@ -28,8 +28,14 @@ class Stream {
   // half have run, as a CUDA launch queue does. This bounds host run-ahead and
   // the memory that queued work keeps alive.
   static constexpr size_t kMaxQueuedWork = 1024;
-  // How long an idle worker polls for new work before it sleeps.
+  // How long an idle worker polls for new work (sched_yield between polls)
+  // before it sleeps.
   static constexpr int kSpinMicroseconds = 50;
+  // How long synchronize() and wait_idle() poll for the queue to drain, the
+  // same way, before they sleep: a waiter that sleeps leaves its core idle,
+  // waking it takes a futex system call on the worker and the wake-up of an
+  // idle (virtual) CPU, far longer than the last few small items.
+  static constexpr int kSyncSpinMicroseconds = 20;
   // Default bound on the bytes of fresh results that queued work may hold
   // before enqueue_named(..., fresh_bytes) waits (TORCH_TPU_RUN_AHEAD_BYTES).
   // 32 MiB (four 1024x1024 fp32 results per wake-up) measured slower than 8 MiB on
@@ -95,6 +101,9 @@ class Stream {
 
  private:
   void run();
+  // Blocks until nothing is queued or running: polls (see
+  // kSyncSpinMicroseconds), then sleeps on idle_cv_. Returns with mu_ held.
+  void wait_drained(std::unique_lock<std::mutex>& lock);
   // Whether a run-ahead waiter may go on (see wait_run_ahead).
   bool run_ahead_caught_up() const;
   // Clears the pending error and throws it as AsyncError. Needs mu_ held.
@@ -115,6 +124,9 @@ class Stream {
   bool sleeping_ = false;          // worker waits on work_cv_ (guarded by mu_)
   std::atomic<size_t> queued_{0};  // queue_.size(), readable without mu_
   bool busy_ = false;
+  // Items queued or running: written under mu_ (after an item's bookkeeping),
+  // polled without it by wait_drained().
+  std::atomic<size_t> pending_{0};
   // Queued or running items with fresh_bytes > 0: their count and bytes; and
   // the count of kUnsized ones (guarded by mu_).
   // Written under mu_; read without it by run_ahead_exceeded().

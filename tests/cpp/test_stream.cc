@@ -355,3 +355,85 @@ TEST(StreamRunAhead, WaitResumesAtHalfTheBound) {
   stream.synchronize();
   EXPECT_EQ(ran.load(), 4);
 }
+
+// synchronize() and wait_idle() poll briefly before they sleep (Stream::kSyncSpinMicroseconds):
+// the poll ends on the worker's count of pending items, the sleep on idle_cv_. Each must see
+// every item's effects and the sticky error, whether the queue drains within the poll or not,
+// and with other threads queuing meanwhile (no lost wake-up: the test would hang).
+TEST(StreamSyncWait, ShortBurstsSeeAllTheirWork) {
+  vtpu::Stream stream(0, 13);
+  int total = 0;  // written by the worker only; read after each wait
+  int expected = 0;
+  for (int burst = 0; burst < 1000; ++burst) {
+    const int n = 1 + burst % 7;
+    for (int i = 0; i < n; ++i)
+      stream.enqueue_named(
+          "inc", [&total] { ++total; }, 64);
+    expected += n;
+    if (burst % 2) {
+      stream.synchronize();
+    } else {
+      stream.wait_idle();
+    }
+    ASSERT_EQ(total, expected) << "burst " << burst;
+    ASSERT_TRUE(stream.query());
+  }
+}
+
+TEST(StreamSyncWait, WorkLongerThanThePollSleepsAndWakes) {
+  vtpu::Stream stream(0, 14);
+  std::atomic<int> done{0};
+  for (int round = 0; round < 20; ++round) {
+    // 2 ms: well past the poll, so the waiter sleeps on idle_cv_ and the worker must wake it.
+    stream.enqueue("slow", [&done] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      done.fetch_add(1);
+    });
+    stream.synchronize();
+    ASSERT_EQ(done.load(), round + 1);
+  }
+}
+
+TEST(StreamSyncWait, ErrorOfTheLastItemRaisedAfterAShortWait) {
+  vtpu::Stream stream(1, 15);
+  for (int round = 0; round < 100; ++round) {
+    stream.enqueue("ok", [] {});
+    stream.enqueue("aten::bad", [] { throw std::runtime_error("bad input"); });
+    try {
+      stream.synchronize();
+      FAIL() << "expected AsyncError in round " << round;
+    } catch (const vtpu::AsyncError& e) {
+      ASSERT_STREQ(e.what(), "error in asynchronously executed op 'aten::bad' on tpu:1: bad input");
+    }
+    ASSERT_NO_THROW(stream.check_error());
+  }
+}
+
+TEST(StreamSyncWait, WaitersWhileAnotherThreadQueues) {
+  vtpu::Stream stream(0, 16);
+  std::atomic<int> ran{0};
+  std::atomic<bool> stop{false};
+  std::thread producer([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      stream.enqueue_named(
+          "inc", [&ran] { ran.fetch_add(1); }, 64);
+      if (i % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));  // lets the queue drain
+    }
+  });
+  std::thread other_waiter([&] {
+    for (int i = 0; i < 200; ++i) stream.wait_idle();
+  });
+  for (int i = 0; i < 200; ++i) {
+    bool mine = false;  // this thread's own item: it has run once synchronize() returns
+    stream.enqueue("mine", [&mine] { mine = true; });
+    stream.synchronize();
+    ASSERT_TRUE(mine) << "wait " << i;
+  }
+  stop = true;
+  producer.join();
+  other_waiter.join();
+  const int queued_total = ran.load();  // the producer has stopped: what is left drains
+  stream.synchronize();
+  EXPECT_GE(ran.load(), queued_total);
+  EXPECT_TRUE(stream.query());
+}
