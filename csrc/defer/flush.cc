@@ -192,11 +192,12 @@ void run_region(RunState& s) {
 // Names live as long as the process (the stream keeps a const char*); past
 // kMaxNames distinct structures (shapes changing every step) regions share
 // one generic name.
-const char* region_event_name(const ir::Graph& recorded) {
+// `hash`: the launch's graph_hash when it has one (the recorded graph's, computed by the compile cache).
+const char* region_event_name(const ir::Graph& recorded, uint64_t hash) {
   constexpr size_t kMaxNames = 4096;
   static std::mutex mu;
   static std::unordered_map<uint64_t, std::unique_ptr<std::string>> names;
-  const uint64_t h = ir::structural_hash(recorded);
+  const uint64_t h = hash ? hash : ir::structural_hash(recorded);
   std::lock_guard<std::mutex> lock(mu);
   auto it = names.find(h);
   if (it != names.end()) return it->second->c_str();
@@ -327,8 +328,8 @@ void flush_locked(ChipState& cs, Reason why) {
     outs.push_back(&e);
   }
   auto ctx = std::make_shared<ErrorContext>();
-  ctx->ops = r->ops;
-  ctx->value_op = r->value_op;
+  ctx->ops = std::move(r->ops);  // (given back if the region stays pending)
+  ctx->value_op = std::move(r->value_op);
   Launch launch;
   std::string compile_error;
   bool miss = false;
@@ -363,6 +364,8 @@ void flush_locked(ChipState& cs, Reason why) {
     } catch (const c10::Error& err) {
       Entry* failed = outs[allocating];
       data.clear();
+      r->ops = ctx->ops;
+      r->value_op = ctx->value_op;
       g_open_regions.fetch_add(1);
       g_pending_ops.fetch_add(num_ops);
       if (r->rng_params) g_rng_regions.fetch_add(1);
@@ -402,7 +405,7 @@ void flush_locked(ChipState& cs, Reason why) {
     auto run = std::make_shared<RunState>();
     run->launch = launch;
     run->ctx = ctx;
-    run->params = r->params;
+    run->params = std::move(r->params);
     for (ValueId p : ctx->graph.parameters()) run->param_types.push_back(ctx->graph.type(p));
     run->scalars.assign(run->params.size(), 0);
     for (size_t k = 0; k < run->params.size(); ++k) {
@@ -441,7 +444,8 @@ void flush_locked(ChipState& cs, Reason why) {
       record_region_costs(r->device, launch);
       if (!dump_dir().empty()) dump_region(ctx->graph, launch, *ctx);
       // A dry run prices the fused region and allocates its live outputs, computing nothing.
-      if (!dry_run()) stream.enqueue_named(region_event_name(ctx->graph), [run] { run_region(*run); });
+      if (!dry_run())
+        stream.enqueue_named(region_event_name(ctx->graph, launch.graph_hash), [run] { run_region(*run); });
     }
   } else if (r->rng_params && !philox_only(r->params)) {
     // Nothing it computes is used, but strict mode would have drawn its

@@ -153,10 +153,11 @@ void write(Region& r, const at::Tensor& self, ValueId v, int32_t op) {
 }
 
 // Whether the user scalar at `site` has taken another value before: then it
-// is recorded as a parameter from now on. Sites are "file:line|op|arg|type".
-bool site_varies(const std::string& site, const ir::Scalar& v) {
+// is recorded as a parameter from now on. A site is a hash of (source line, op, argument, element type); two
+// sites sharing one only cost a parameter where a constant would do (the value is the same either way).
+bool site_varies(uint64_t site, const ir::Scalar& v) {
   static std::mutex mu;
-  static std::unordered_map<std::string, std::pair<ir::Scalar, bool>> sites;
+  static std::unordered_map<uint64_t, std::pair<ir::Scalar, bool>> sites;
   std::lock_guard<std::mutex> lock(mu);
   if (sites.size() > 65536) sites.clear();
   auto [it, inserted] = sites.try_emplace(site, v, false);
@@ -171,8 +172,7 @@ class SiteSink final : public ScalarSink {
   ValueId scalar(ir::Builder& b, size_t arg, const ir::Scalar& v, ir::ElementType t) override {
     // Without a Python source line (autograd's worker thread) a site cannot
     // be told apart from others: constants.
-    if (!source_.empty() &&
-        site_varies(source_ + "|" + label_ + "|" + std::to_string(arg) + "|" + ir::element_type_name(t), v)) {
+    if (!source_.empty() && site_varies(site(arg, t), v)) {
       ValueId p = b.parameter(t, {});
       Param param;
       param.scalar = true;
@@ -199,9 +199,16 @@ class SiteSink final : public ScalarSink {
   }
 
  private:
+  uint64_t site(size_t arg, ir::ElementType t) {
+    if (!source_hash_) source_hash_ = std::hash<std::string>()(source_) | 1;
+    uint64_t h = ir::hash_mix(source_hash_, reinterpret_cast<uintptr_t>(&label_));  // labels live for the process
+    return ir::hash_mix(ir::hash_mix(h, arg), static_cast<uint64_t>(t));
+  }
+
   Region& r_;
   const std::string& source_;
   const std::string& label_;
+  uint64_t source_hash_ = 0;
 };
 
 // The out= overload of a functional op: OpInfo's ("add.out"), or one named

@@ -154,12 +154,12 @@ ir::Graph with_rows(const ir::Graph& g, const std::vector<int>& dim, int64_t row
   return out;
 }
 
-std::shared_ptr<const exec::CompiledRegion> compile_cached(const ir::Graph& g, bool* miss) {
+std::shared_ptr<const exec::CompiledRegion> compile_cached(const ir::Graph& g, bool* miss, uint64_t* hash = nullptr) {
   static std::mutex mu;  // so that the miss counter's delta is ours
   std::lock_guard<std::mutex> lock(mu);
   auto& cache = exec::CompileCache::global();
   const uint64_t before = cache.stats().misses;
-  auto r = cache.get_or_compile(g);
+  auto r = cache.get_or_compile(g, hash);
   *miss = cache.stats().misses != before;
   return r;
 }
@@ -292,7 +292,7 @@ RegionLaunch plan_region_launch(const ir::Graph& g, bool* miss, bool parts) {
     }
   }
   bool whole_miss = false;
-  l.region = compile_cached(g, &whole_miss);
+  l.region = compile_cached(g, &whole_miss, &l.graph_hash);
   *miss = *miss || whole_miss;
   return l;
 }

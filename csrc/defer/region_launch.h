@@ -42,6 +42,9 @@ struct RegionLaunch {
   // the parts and their chunks run as tasks over the intra-op threads.
   // `region` is then the whole region, for pricing and introspection only.
   std::shared_ptr<const std::vector<RegionLaunchPart>> parts;
+  // ir::structural_hash of the graph planned, when `region` is that graph compiled whole (not
+  // split): the flush names the region's profiler event by it without hashing again. 0: unknown.
+  uint64_t graph_hash = 0;
   bool split() const { return chunks > 1; }
 };
 

@@ -7,8 +7,9 @@ namespace torch_tpu::exec {
 CompileCache::CompileCache(size_t capacity, CompileOptions options)
     : capacity_(capacity == 0 ? 1 : capacity), options_(std::move(options)) {}
 
-std::shared_ptr<const CompiledRegion> CompileCache::get_or_compile(const ir::Graph& g) {
+std::shared_ptr<const CompiledRegion> CompileCache::get_or_compile(const ir::Graph& g, uint64_t* hash) {
   const uint64_t h = ir::structural_hash(g);
+  if (hash) *hash = h;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto [lo, hi] = index_.equal_range(h);

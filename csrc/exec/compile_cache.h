@@ -26,7 +26,8 @@ class CompileCache {
 
   // The compiled form of `g`, compiled on a miss. Equal hashes are confirmed
   // with structurally_equal(), so a hash collision only costs a compile.
-  std::shared_ptr<const CompiledRegion> get_or_compile(const ir::Graph& g);
+  // `hash`, when given, receives ir::structural_hash(g) (computed here anyway).
+  std::shared_ptr<const CompiledRegion> get_or_compile(const ir::Graph& g, uint64_t* hash = nullptr);
   Stats stats() const;
   void reset_stats();  // counters only
   void clear();        // entries too

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/generated/variable_factories.h>
 
 #include <thread>
+#include <unordered_map>
 
 #include "aten/fallback_internal.h"
 #include "aten/matmul_precision.h"
@@ -109,6 +110,29 @@ py::dict host_memory_stats_dict(const at::HostStats& s) {
 }
 
 // "file.py:123" of the innermost frame outside torch and torch_tpu.
+// Per code file name object (a reference held, so the address stays its own): whether it is torch's or
+// torch_tpu's own code (skipped), and its text. Called for every op defer_and_fuse records, so the
+// file names are converted once, not once a frame a call.
+struct SourceFile {
+  bool internal = false;
+  std::string text;
+};
+
+const SourceFile& source_file(PyObject* name) {
+  static auto* files = new std::unordered_map<PyObject*, SourceFile>();  // under the GIL
+  auto it = files->find(name);
+  if (it != files->end()) return it->second;
+  if (files->size() >= 4096) {
+    for (auto& kv : *files) Py_DECREF(kv.first);
+    files->clear();
+  }
+  SourceFile f;
+  f.text = py::str(name);
+  f.internal = f.text.find("/torch/") != std::string::npos || f.text.find("/torch_tpu/") != std::string::npos;
+  Py_INCREF(name);
+  return files->emplace(name, std::move(f)).first->second;
+}
+
 std::string python_source_line() {
   if (!Py_IsInitialized()) return "";
   py::gil_scoped_acquire gil;
@@ -117,11 +141,9 @@ std::string python_source_line() {
   std::string found;
   while (frame != nullptr && found.empty()) {
     PyCodeObject* code = PyFrame_GetCode(frame);
-    std::string file = py::str(code->co_filename);
+    const SourceFile& file = source_file(code->co_filename);
     Py_DECREF(code);
-    if (file.find("/torch/") == std::string::npos && file.find("/torch_tpu/") == std::string::npos) {
-      found = file + ":" + std::to_string(PyFrame_GetLineNumber(frame));
-    }
+    if (!file.internal) found = file.text + ":" + std::to_string(PyFrame_GetLineNumber(frame));
     PyFrameObject* back = PyFrame_GetBack(frame);
     Py_DECREF(frame);
     frame = back;

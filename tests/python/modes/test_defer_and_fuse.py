@@ -197,6 +197,22 @@ def test_changing_scalars_become_parameters(defer):
         torch.testing.assert_close(out, torch.tanh(x.cpu() * (0.1 / (step + 1))) + step)
 
 
+def test_scalar_sites_are_told_apart_by_source_line(defer):
+    # The same op and argument on two lines: only the line whose scalar changes makes it a parameter.
+    x = torch.randn(64, 128).tpu()
+    outs = []
+    for step in range(4):
+        a = (torch.tanh(x * (step + 1.0)) + 1).cpu()  # varies: a parameter from step 1 on
+        b = (torch.tanh(x * 3.0) + 1).cpu()  # constant: stays baked in (sharing a's site it would not)
+        outs.append((a, b))
+    s = stats()
+    assert s["regions_compiled"] == 3 and s["cache_hits"] == 5, s
+    xc = x.cpu()
+    for step, (a, b) in enumerate(outs):
+        torch.testing.assert_close(a, torch.tanh(xc * (step + 1.0)) + 1)
+        torch.testing.assert_close(b, torch.tanh(xc * 3.0) + 1)
+
+
 @pytest.mark.parametrize("rows", [1024, 1023])
 def test_large_regions_run_in_chunks(rows, defer):
     # Results of >= 256K elements are computed in row chunks on the intra-op threads.
