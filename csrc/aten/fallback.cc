@@ -840,15 +840,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // wrapper (meta, then the out= kernel): the CPU kernel itself, so that its
   // checks and warnings happen once, as on CPU.
   m.impl("index.Tensor", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
-  // The same for hot small ops: the generic wrapper runs the structured meta on tpu tensors,
+  // The same for hot small ops (cat, gather, mm, bmm, addmm: fast_ops.cc, whose first call per
+  // signature comes here): the generic wrapper runs the structured meta on tpu tensors,
   // allocates through the dispatcher and then dispatches the out= overload (cat 64x64: 24k
   // instructions on the calling thread); the fallback's cached meta and its out= kernel on
   // the worker do it in one call.
-  m.impl("cat", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());  // gather: fast_ops.cc
-  // Matrix products likewise (their precision handling is the fallback's either way).
-  m.impl("mm", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
-  m.impl("bmm", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
-  m.impl("addmm", torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>());
 }
 }  // namespace torch_tpu
 

@@ -85,6 +85,8 @@ void capture_next_strict_call(StrictCapture* capture);
 // The ops with unboxed strict-mode kernels in fast_ops.cc ("aten::add.Tensor", ...): their
 // PrivateUse1 kernel is that one (fusible_ops.cc registers the others).
 const std::vector<std::string>& fast_op_labels();
+// How many calls on this thread took a kept signature of those kernels (tests, profiling).
+uint64_t fast_kept_calls();
 
 // A host tensor's contents as a recipe over a fresh host buffer (one memcpy), or an empty
 // recipe (no storage) where that does not apply (see fallback.cc).

@@ -17,15 +17,51 @@
 // in-place arguments sharing storage) takes the fallback as before.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_softmax_ops.h>
+#include <ATen/ops/abs_ops.h>
 #include <ATen/ops/add_ops.h>
+#include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/amax_ops.h>
+#include <ATen/ops/any_ops.h>
+#include <ATen/ops/argmax_ops.h>
+#include <ATen/ops/bitwise_and_ops.h>
+#include <ATen/ops/bitwise_not_ops.h>
+#include <ATen/ops/bitwise_or_ops.h>
+#include <ATen/ops/bmm_ops.h>
+#include <ATen/ops/cat_ops.h>
+#include <ATen/ops/clamp_ops.h>
+#include <ATen/ops/cos_ops.h>
+#include <ATen/ops/cumsum_ops.h>
 #include <ATen/ops/div_ops.h>
+#include <ATen/ops/eq_ops.h>
+#include <ATen/ops/exp_ops.h>
 #include <ATen/ops/gather_ops.h>
+#include <ATen/ops/ge_ops.h>
+#include <ATen/ops/gt_ops.h>
+#include <ATen/ops/index_copy_ops.h>
 #include <ATen/ops/index_select_ops.h>
+#include <ATen/ops/isin_ops.h>
+#include <ATen/ops/le_ops.h>
+#include <ATen/ops/logical_not_ops.h>
+#include <ATen/ops/lt_ops.h>
+#include <ATen/ops/max_ops.h>
+#include <ATen/ops/maximum_ops.h>
 #include <ATen/ops/mean_ops.h>
+#include <ATen/ops/minimum_ops.h>
+#include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
+#include <ATen/ops/ne_ops.h>
+#include <ATen/ops/neg_ops.h>
+#include <ATen/ops/pow_ops.h>
+#include <ATen/ops/rsqrt_ops.h>
+#include <ATen/ops/sigmoid_ops.h>
+#include <ATen/ops/silu_ops.h>
+#include <ATen/ops/sin_ops.h>
+#include <ATen/ops/sqrt_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
+#include <ATen/ops/tanh_ops.h>
+#include <ATen/ops/where_ops.h>
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
@@ -40,6 +76,7 @@
 #include <vector>
 
 #include "aten/fallback_internal.h"
+#include "aten/matmul_precision.h"
 #include "aten/op_cost.h"
 #include "defer/defer.h"
 #include "runtime/allocator.h"
@@ -110,6 +147,13 @@ class FastKey {
     for (int64_t d : *dims) add(d);
   }
   void dtype(std::optional<c10::ScalarType> t) { add(t ? 100 + static_cast<int64_t>(*t) : 99); }
+  void real(double d) {
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    add(3), add(bits);
+  }
+  void none() { add(98); }  // an absent optional (no tensor word's low byte is 98)
+  void count(size_t n) { add(200 + static_cast<int64_t>(n)); }
 
   bool ok() const { return ok_; }
   uint64_t hash() const { return hash_; }
@@ -146,6 +190,8 @@ struct FastEntry {
   vtpu::CostEstimates estimates;
 };
 
+thread_local uint64_t kept_calls = 0;  // calls that took a kept signature, this thread
+
 FastEntry& slot(uint64_t hash) {
   thread_local std::unique_ptr<FastEntry[]> table(new FastEntry[kTableSlots]);
   return table[hash % kTableSlots];
@@ -173,9 +219,17 @@ class FastOp {
   FastOp(const char* name, const char* overload, Path path)
       : handle_(c10::Dispatcher::singleton().findSchemaOrThrow(name, overload)),
         label_(std::string(name) + (*overload ? std::string(".") + overload : std::string())),
-        path_(path) {}
+        path_(path),
+        matmul_(is_matmul_family(handle_)) {}
   uint64_t id() const { return reinterpret_cast<uintptr_t>(&handle_.schema()); }
   const char* label() const { return label_.c_str(); }
+  // Products: the fallback queues their out= kernel, and prices them, by the matmul precision
+  // read at the call (the calling thread's override and the global setting): part of the key.
+  void precision_key(FastKey& key) const {
+    if (!matmul_) return;
+    key.integer(static_cast<int64_t>(effective_matmul_precision()));
+    key.integer(static_cast<int64_t>(at::globalContext().float32MatmulPrecision()));
+  }
 
   // The fallback's call; keeps its outcome under `key` when it took this file's path.
   template <typename... Args>
@@ -236,6 +290,7 @@ class FastOp {
   template <typename Work>
   void queue(FastEntry& e, c10::DeviceIndex device, uint64_t fresh_bytes, Work&& work) const {
     chip(device).record_cost(e.cost, e.estimates);
+    ++kept_calls;
     enqueue_sized(
         current_vtpu_stream(device), label_.c_str(),
         [work = std::forward<Work>(work), issuer = std::this_thread::get_id()] {
@@ -248,6 +303,7 @@ class FastOp {
   c10::OperatorHandle handle_;
   std::string label_;
   Path path_;
+  bool matmul_;
 };
 
 // A tensor argument as queued work keeps it (host scalars: a snapshot of their value).
@@ -327,6 +383,195 @@ class Host {
 using OptDims = std::optional<c10::DimVector>;
 OptDims own(at::OptionalIntArrayRef d) { return d ? OptDims(c10::DimVector(*d)) : std::nullopt; }
 at::OptionalIntArrayRef view(const OptDims& d) { return d ? at::OptionalIntArrayRef(*d) : std::nullopt; }
+
+// The generic kernels below take an op's typed arguments; per argument type: its key words,
+// its queued form, the host argument the CPU kernel gets on the worker, its boxed form (the
+// fallback's first call), the region flushes it needs (defer_and_fuse regions left open by
+// another thread's mode) and whether it shares storage with an in-place op's `self`.
+template <typename T>
+struct Arg;
+
+// Flushes a pending region that writes `t` (DeferChecked's constructor does; its scope is the op's).
+void check_read(const at::Tensor& t) { DeferChecked flushed({&t}, {}); }
+bool shares(const at::Tensor& self, const at::Tensor& t) {
+  return t.defined() && t.has_storage() && self.storage().is_alias_of(t.storage());
+}
+
+template <>
+struct Arg<at::Tensor> {
+  using Queued = TensorRecipe;
+  static void key(FastKey& k, const at::Tensor& t) { k.tensor(t); }
+  static Queued queue(const at::Tensor& t) { return recipe(t); }
+  static at::Tensor host(Host& h, const Queued& q) { return h(q); }
+  static c10::IValue box(const at::Tensor& t) { return t; }
+  static void check(const at::Tensor& t) { check_read(t); }
+  static bool alias(const at::Tensor& self, const at::Tensor& t) { return shares(self, t); }
+};
+template <>
+struct Arg<std::optional<at::Tensor>> {
+  using Queued = std::optional<TensorRecipe>;
+  static void key(FastKey& k, const std::optional<at::Tensor>& t) { t && t->defined() ? k.tensor(*t) : k.none(); }
+  static Queued queue(const std::optional<at::Tensor>& t) {
+    return t && t->defined() ? Queued(recipe(*t)) : std::nullopt;
+  }
+  static std::optional<at::Tensor> host(Host& h, const Queued& q) {
+    return q ? std::optional<at::Tensor>(h(*q)) : std::nullopt;
+  }
+  static c10::IValue box(const std::optional<at::Tensor>& t) { return t; }
+  static void check(const std::optional<at::Tensor>& t) {
+    if (t) check_read(*t);
+  }
+  static bool alias(const at::Tensor& self, const std::optional<at::Tensor>& t) { return t && shares(self, *t); }
+};
+template <>
+struct Arg<at::ITensorListRef> {
+  using Queued = c10::SmallVector<TensorRecipe, 4>;
+  static void key(FastKey& k, const at::ITensorListRef& l) {
+    k.count(l.size());
+    for (const at::Tensor& t : l) k.tensor(t);
+  }
+  static Queued queue(const at::ITensorListRef& l) {
+    Queued q;
+    for (const at::Tensor& t : l) q.push_back(recipe(t));
+    return q;
+  }
+  static std::vector<at::Tensor> host(Host& h, const Queued& q) {
+    std::vector<at::Tensor> out;
+    out.reserve(q.size());
+    for (const TensorRecipe& r : q) out.push_back(h(r));
+    return out;
+  }
+  static c10::IValue box(const at::ITensorListRef& l) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : l) list.push_back(t);
+    return list;
+  }
+  static void check(const at::ITensorListRef& l) {
+    for (const at::Tensor& t : l) check_read(t);
+  }
+  static bool alias(const at::Tensor& self, const at::ITensorListRef& l) {
+    for (const at::Tensor& t : l)
+      if (shares(self, t)) return true;
+    return false;
+  }
+};
+// Plain values: queued and passed as they are.
+template <typename T>
+struct ValueArg {
+  using Queued = T;
+  static Queued queue(const T& v) { return v; }
+  static const T& host(Host&, const Queued& q) { return q; }
+  static c10::IValue box(const T& v) { return v; }
+  static void check(const T&) {}
+  static bool alias(const at::Tensor&, const T&) { return false; }
+};
+template <>
+struct Arg<c10::Scalar> : ValueArg<c10::Scalar> {
+  static void key(FastKey& k, const c10::Scalar& v) { k.scalar(v); }
+};
+template <>
+struct Arg<int64_t> : ValueArg<int64_t> {
+  static void key(FastKey& k, int64_t v) { k.integer(v); }
+};
+template <>
+struct Arg<bool> : ValueArg<bool> {
+  static void key(FastKey& k, bool v) { k.boolean(v); }
+};
+template <>
+struct Arg<double> : ValueArg<double> {
+  static void key(FastKey& k, double v) { k.real(v); }
+};
+template <>
+struct Arg<std::optional<int64_t>> : ValueArg<std::optional<int64_t>> {
+  static void key(FastKey& k, std::optional<int64_t> v) { v ? k.integer(*v) : k.none(); }
+};
+template <>
+struct Arg<std::optional<c10::ScalarType>> : ValueArg<std::optional<c10::ScalarType>> {
+  static void key(FastKey& k, std::optional<c10::ScalarType> v) { k.dtype(v); }
+};
+template <>
+struct Arg<at::IntArrayRef> {
+  using Queued = c10::DimVector;
+  static void key(FastKey& k, at::IntArrayRef v) { k.dims(v); }
+  static Queued queue(at::IntArrayRef v) { return Queued(v); }
+  static at::IntArrayRef host(Host&, const Queued& q) { return q; }
+  static c10::IValue box(at::IntArrayRef v) { return v.vec(); }
+  static void check(at::IntArrayRef) {}
+  static bool alias(const at::Tensor&, at::IntArrayRef) { return false; }
+};
+template <>
+struct Arg<at::OptionalIntArrayRef> {
+  using Queued = OptDims;
+  static void key(FastKey& k, at::OptionalIntArrayRef v) { k.dims(v); }
+  static Queued queue(at::OptionalIntArrayRef v) { return own(v); }
+  static at::OptionalIntArrayRef host(Host&, const Queued& q) { return view(q); }
+  static c10::IValue box(at::OptionalIntArrayRef v) { return v ? c10::IValue(v->vec()) : c10::IValue(); }
+  static void check(at::OptionalIntArrayRef) {}
+  static bool alias(const at::Tensor&, at::OptionalIntArrayRef) { return false; }
+};
+
+template <typename T>
+using ArgOf = Arg<std::decay_t<T>>;
+
+// What the CPU kernel takes for a host argument (a list of host tensors as a list reference).
+template <typename X>
+const X& pass(const X& x) {
+  return x;
+}
+at::ITensorListRef pass(const std::vector<at::Tensor>& v) { return at::ITensorListRef(at::ArrayRef<at::Tensor>(v)); }
+
+// A functional op `Op` whose CPU kernel the fallback queues as its out= overload `OutOp`
+// (the same path as `binary` above, for any argument list of the types above).
+template <typename Op, typename OutOp, typename Sig = typename Op::schema>
+struct Functional;
+template <typename Op, typename OutOp, typename... A>
+struct Functional<Op, OutOp, at::Tensor(A...)> {
+  static at::Tensor call(A... a) {
+    static const FastOp op(Op::name, Op::overload_name, Path::kOut);
+    FastKey key(op.id());
+    (ArgOf<A>::key(key, a), ...);
+    op.precision_key(key);
+    if (FastEntry* e = find(key)) {
+      (ArgOf<A>::check(a), ...);
+      DeferChecked scope({}, {});
+      return op.run_out(*e, key.device(), [q = std::make_tuple(ArgOf<A>::queue(a)...)](TensorRecipe o) mutable {
+        return [q = std::move(q), o = std::move(o)] {
+          Host h;
+          at::Tensor out = h(o);
+          std::apply([&](const auto&... x) { OutOp::call(pass(ArgOf<A>::host(h, x))..., out); }, q);
+        };
+      });
+    }
+    return op.slow(key, true, ArgOf<A>::box(a)...);
+  }
+};
+
+// An in-place op `Op` (self first): kept when `self` is on the chip and shares no storage
+// with its other tensors, as `binary_` above.
+template <typename Op, typename Sig = typename Op::schema>
+struct InPlace;
+template <typename Op, typename... A>
+struct InPlace<Op, at::Tensor&(at::Tensor&, A...)> {
+  static at::Tensor& call(at::Tensor& self, A... a) {
+    static const FastOp op(Op::name, Op::overload_name, Path::kInPlace);
+    FastKey key(op.id());
+    key.tensor(self);
+    (ArgOf<A>::key(key, a), ...);
+    const bool alone = key.ok() && self.device().type() == kTPU && !(ArgOf<A>::alias(self, a) || ...);
+    if (FastEntry* e = alone ? find(key) : nullptr) {
+      (ArgOf<A>::check(a), ...);
+      DeferChecked scope({}, {&self});
+      op.run_in_place(*e, key.device(), [s = recipe(self), q = std::make_tuple(ArgOf<A>::queue(a)...)] {
+        Host h;
+        at::Tensor t = h(s);
+        std::apply([&](const auto&... x) { Op::call(t, pass(ArgOf<A>::host(h, x))...); }, q);
+      });
+      return self;
+    }
+    op.slow(key, alone, self, ArgOf<A>::box(a)...);
+    return self;
+  }
+};
 
 // a OP b, with add/sub's alpha as the one `extra` argument.
 template <typename OutOp, typename... Extra>
@@ -517,13 +762,66 @@ at::Tensor gather(const at::Tensor& self, int64_t dim, const at::Tensor& index, 
   return op.slow(key, true, self, dim, index, sparse_grad);
 }
 
+// The generic kernels' ops: (schema name, functional op, its out= overload) and (schema name,
+// in-place op). The ops generate's decode step calls most beyond those above; matrix products,
+// whose precision handling is the fallback's, and cat (also registered for the fallback's one
+// out= call, fallback.cc's comment) included.
+#define TORCH_TPU_FAST_FUNCTIONAL(X)                                  \
+  X("mm", mm, mm_out)                                                 \
+  X("bmm", bmm, bmm_out)                                              \
+  X("addmm", addmm, addmm_out)                                        \
+  X("cat", cat, cat_out)                                              \
+  X("pow.Tensor_Scalar", pow_Tensor_Scalar, pow_Tensor_Scalar_out)    \
+  X("rsqrt", rsqrt, rsqrt_out)                                        \
+  X("sqrt", sqrt, sqrt_out)                                           \
+  X("neg", neg, neg_out)                                              \
+  X("abs", abs, abs_out)                                              \
+  X("exp", exp, exp_out)                                              \
+  X("tanh", tanh, tanh_out)                                           \
+  X("sigmoid", sigmoid, sigmoid_out)                                  \
+  X("silu", silu, silu_out)                                           \
+  X("sin", sin, sin_out)                                              \
+  X("cos", cos, cos_out)                                              \
+  X("bitwise_not", bitwise_not, bitwise_not_out)                      \
+  X("logical_not", logical_not, logical_not_out)                      \
+  X("where.self", where_self, where_self_out)                         \
+  X("eq.Scalar", eq_Scalar, eq_Scalar_out)                            \
+  X("eq.Tensor", eq_Tensor, eq_Tensor_out)                            \
+  X("ne.Scalar", ne_Scalar, ne_Scalar_out)                            \
+  X("ne.Tensor", ne_Tensor, ne_Tensor_out)                            \
+  X("le.Scalar", le_Scalar, le_Scalar_out)                            \
+  X("le.Tensor", le_Tensor, le_Tensor_out)                            \
+  X("lt.Scalar", lt_Scalar, lt_Scalar_out)                            \
+  X("lt.Tensor", lt_Tensor, lt_Tensor_out)                            \
+  X("ge.Scalar", ge_Scalar, ge_Scalar_out)                            \
+  X("gt.Scalar", gt_Scalar, gt_Scalar_out)                            \
+  X("bitwise_or.Tensor", bitwise_or_Tensor, bitwise_or_Tensor_out)    \
+  X("bitwise_and.Tensor", bitwise_and_Tensor, bitwise_and_Tensor_out) \
+  X("maximum", maximum, maximum_out)                                  \
+  X("minimum", minimum, minimum_out)                                  \
+  X("argmax", argmax, argmax_out)                                     \
+  X("any.dim", any_dim, any_out)                                      \
+  X("isin.Tensor_Tensor", isin_Tensor_Tensor, isin_Tensor_Tensor_out) \
+  X("_softmax", _softmax, _softmax_out)                               \
+  X("cumsum", cumsum, cumsum_out)
+#define TORCH_TPU_FAST_IN_PLACE(X) X("index_copy_", index_copy_)
+
 }  // namespace
 
+uint64_t fast_kept_calls() { return kept_calls; }
+
 const std::vector<std::string>& fast_op_labels() {
+#define TORCH_TPU_LABEL(name, ...) "aten::" name,
   static const std::vector<std::string> labels = {
-      "aten::add.Tensor",  "aten::sub.Tensor",  "aten::mul.Tensor",  "aten::div.Tensor",   "aten::add_.Tensor",
-      "aten::sub_.Tensor", "aten::mul_.Tensor", "aten::div_.Tensor", "aten::sum",          "aten::sum.dim_IntList",
-      "aten::mean",        "aten::mean.dim",    "aten::amax",        "aten::index_select", "aten::gather"};
+      "aten::add.Tensor",  "aten::sub.Tensor",
+      "aten::mul.Tensor",  "aten::div.Tensor",
+      "aten::add_.Tensor", "aten::sub_.Tensor",
+      "aten::mul_.Tensor", "aten::div_.Tensor",
+      "aten::sum",         "aten::sum.dim_IntList",
+      "aten::mean",        "aten::mean.dim",
+      "aten::amax",        "aten::index_select",
+      "aten::gather",      TORCH_TPU_FAST_FUNCTIONAL(TORCH_TPU_LABEL) TORCH_TPU_FAST_IN_PLACE(TORCH_TPU_LABEL)};
+#undef TORCH_TPU_LABEL
   return labels;
 }
 
@@ -543,6 +841,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("amax", TORCH_FN(amax));
   m.impl("index_select", TORCH_FN(index_select));
   m.impl("gather", TORCH_FN(gather));
+#define TORCH_TPU_IMPL(name, op, out) m.impl(name, TORCH_FN((Functional<at::_ops::op, at::_ops::out>::call)));
+  TORCH_TPU_FAST_FUNCTIONAL(TORCH_TPU_IMPL)
+#undef TORCH_TPU_IMPL
+#define TORCH_TPU_IMPL(name, op) m.impl(name, TORCH_FN((InPlace<at::_ops::op>::call)));
+  TORCH_TPU_FAST_IN_PLACE(TORCH_TPU_IMPL)
+#undef TORCH_TPU_IMPL
 }
 
 }  // namespace torch_tpu

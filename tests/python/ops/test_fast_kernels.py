@@ -211,3 +211,146 @@ def test_other_modes_and_dry_run_take_the_fallback():
     with pytest.raises(RuntimeError, match="holds no values"):
         d.cpu()
     same(ta + tb, a + b)
+
+
+def kept(fn, *args):
+    """fn(*args) three times: its result, and how many of the last two calls took the kept path."""
+    fn(*args)
+    n0 = torch_tpu._C._fast_kept_calls()
+    fn(*args)
+    r = fn(*args)
+    return r, torch_tpu._C._fast_kept_calls() - n0
+
+
+# The generic kernels (fast_ops.cc TORCH_TPU_FAST_FUNCTIONAL): (name, fn of x [6, 5], y [6, 5], i int64 [6, 5]).
+GENERIC = [
+    ("mm", lambda x, y, i: x @ y.t()),
+    ("bmm", lambda x, y, i: torch.bmm(x[None], y.t()[None])),
+    ("addmm", lambda x, y, i: torch.addmm(x[:, :1], x, y.t(), beta=0.5, alpha=2)),
+    ("linear", lambda x, y, i: F.linear(x, y, y[:, 0])),
+    ("cat", lambda x, y, i: torch.cat([x, y, x[:2]], 0)),
+    ("cat dim 1", lambda x, y, i: torch.cat([x, y.t().t()], -1)),
+    ("pow", lambda x, y, i: x.pow(2)),
+    ("pow int", lambda x, y, i: i.pow(3)),
+    ("rsqrt", lambda x, y, i: (x.abs() + 1).rsqrt()),
+    ("sqrt", lambda x, y, i: x.abs().sqrt()),
+    ("neg", lambda x, y, i: -x),
+    ("exp", lambda x, y, i: x.exp()),
+    ("tanh", lambda x, y, i: x.tanh()),
+    ("sigmoid", lambda x, y, i: x.sigmoid()),
+    ("silu", lambda x, y, i: F.silu(x)),
+    ("sin cos", lambda x, y, i: x.sin() + x.cos()),
+    ("bitwise_not", lambda x, y, i: ~i),
+    ("logical_not", lambda x, y, i: torch.logical_not(i)),
+    ("where", lambda x, y, i: torch.where(x > y, x, y)),
+    ("where scalar", lambda x, y, i: torch.where(x > 0, x, 0.0)),
+    ("comparisons", lambda x, y, i: (x == y) | (x != 0.5) & (x <= y) | (x < 0) | (x >= 1) | (x > y) | (i == 2)),
+    ("maximum minimum", lambda x, y, i: torch.maximum(x, y) - torch.minimum(x, y)),
+    ("argmax", lambda x, y, i: x.argmax(-1)),
+    ("argmax all", lambda x, y, i: x.argmax()),
+    ("any", lambda x, y, i: (x > 1).any(1)),
+    ("isin", lambda x, y, i: torch.isin(i, i[0])),
+    ("softmax", lambda x, y, i: x.softmax(-1)),
+    ("cumsum", lambda x, y, i: i.cumsum(1)),
+    ("cumsum dtype", lambda x, y, i: x.cumsum(0, dtype=torch.float64)),
+]
+
+
+@pytest.mark.parametrize("name,fn", GENERIC, ids=[c[0] for c in GENERIC])
+def test_generic_kernels_values_and_kept_path(name, fn):
+    for make in (
+        lambda: torch.randn(6, 5),
+        lambda: torch.randn(5, 6).t(),  # non-contiguous
+        lambda: torch.randn(7, 5)[1:],  # a storage offset
+    ):
+        x, y, i = make(), make(), torch.randint(0, 4, (6, 5))
+        tx, ty, ti = x.to(DEV), y.to(DEV), i.to(DEV)
+        want = fn(x, y, i)
+        got, n = kept(fn, tx, ty, ti)
+        same(got, want)
+        assert n >= 2, f"{name}: the repeated calls did not take the kept path"
+
+
+def test_generic_kernels_bf16():
+    x, y = torch.randn(6, 5).bfloat16(), torch.randn(6, 5).bfloat16()
+    tx, ty = x.to(DEV), y.to(DEV)
+    for fn in (lambda a, b: a @ b.t(), lambda a, b: torch.cat([a, b]), lambda a, b: F.silu(a) * (a.abs() + 1).rsqrt()):
+        got, n = kept(fn, tx, ty)
+        same(got, fn(x, y))
+        assert n >= 2
+
+
+def test_generic_kernels_raise_as_cpu_after_kept_signatures():
+    x, y = torch.randn(4, 5), torch.randn(5, 3)
+    tx, ty = x.to(DEV), y.to(DEV)
+    for _ in range(3):  # kept: mm, cat, pow, argmax, where
+        tx @ ty, torch.cat([tx, tx]), tx.pow(2), tx.argmax(1), torch.where(tx > 0, tx, tx)
+    raises_as_cpu(lambda a, b: a @ b, x, torch.randn(4, 3))  # inner sizes differ
+    raises_as_cpu(lambda a, b: torch.cat([a, b], 1), x, torch.randn(3, 3))  # sizes differ outside dim 1
+    raises_as_cpu(lambda a: torch.cat([a, a], 2), x)  # dim out of range
+    raises_as_cpu(lambda a: a.pow(-1), torch.arange(4))  # integers to negative powers: CPU's kernel check
+    raises_as_cpu(lambda a: a.argmax(2), x)
+    raises_as_cpu(lambda c, a: torch.where(c, a, a), torch.ones(4, 5), x)  # a float condition
+    raises_as_cpu(lambda a, b: a @ b, torch.arange(4.0).reshape(2, 2), torch.arange(4).reshape(2, 2))  # dtypes
+    raises_as_cpu(lambda a: torch.isin(a, a, assume_unique=True, invert=True).cumsum(5), torch.arange(4))
+    for _ in range(2):  # the kept signatures still give CPU's values
+        same(tx @ ty, x @ y)
+        same(torch.cat([tx, tx]), torch.cat([x, x]))
+
+
+def test_index_copy_in_place_values_and_overlap():
+    cache, src = torch.zeros(2, 4, 6, 3), torch.randn(2, 4, 1, 3)
+    tcache, tsrc = cache.to(DEV), src.to(DEV)
+    for pos in range(4):  # a static cache's update, one position per step
+        idx = torch.tensor([pos])
+        r = tcache.index_copy_(2, idx.to(DEV), tsrc + pos)
+        cache.index_copy_(2, idx, src + pos)
+        assert r is tcache
+    assert torch.equal(tcache.cpu(), cache)
+    n0 = torch_tpu._C._fast_kept_calls()
+    tcache.index_copy_(2, torch.tensor([5], device=DEV), tsrc)
+    assert torch_tpu._C._fast_kept_calls() - n0 == 1
+    raises_as_cpu(lambda c, s: c.index_copy_(2, torch.tensor([0, 1], device=c.device), s), cache, src)  # 2 vs 1
+    raises_as_cpu(lambda c, s: c.index_copy_(2, torch.tensor([0.0], device=c.device), s), cache, src)  # float index
+    # A source that shares self's storage is never kept: CPU's overlap check raises at the call.
+    t = torch.arange(12.0).reshape(3, 4)
+    tt = t.to(DEV)
+    for _ in range(3):
+        tt.index_copy_(0, torch.tensor([0], device=DEV), tt[2:3].clone())
+        t.index_copy_(0, torch.tensor([0]), t[2:3].clone())
+    for _ in range(2):
+        raises_as_cpu(lambda c: c.index_copy_(0, torch.tensor([1], device=c.device), c[2:3]), t.clone())
+    assert torch.equal(tt.cpu(), t)
+
+
+def test_kept_products_follow_the_matmul_precision():
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    ta, tb = a.to(DEV), b.to(DEV)
+    exact, n = kept(lambda: ta @ tb)
+    assert n == 2
+    same(exact, a @ b)
+    with torch.tpu.precision(torch.tpu.Precision.DEFAULT):  # one bf16 pass: not the kept highest-precision kernel
+        medium = ta @ tb
+    want = a.bfloat16().float() @ b.bfloat16().float()
+    torch.testing.assert_close(medium.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(medium.cpu(), exact.cpu())
+    same(ta @ tb, a @ b)
+
+
+def test_generic_kernels_in_other_modes():
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    tx, ty = x.to(DEV), y.to(DEV)
+    for _ in range(2):
+        F.silu(tx), tx @ ty
+    n0 = torch_tpu._C._fast_kept_calls()
+    with torch_tpu.eager_mode("defer_and_fuse"):
+        before = torch_tpu.debug.region_stats()["ops_recorded"]
+        r = F.silu(tx) * ty
+        assert torch_tpu.debug.region_stats()["ops_recorded"] == before + 2  # recorded, not queued
+        m = tx @ ty
+    assert torch_tpu._C._fast_kept_calls() == n0
+    torch.testing.assert_close(r.cpu(), F.silu(x) * y)  # a fused region's numerics (docs/eager-modes.md)
+    same(m, x @ y)
+    with torch_tpu.eager_mode("debug"):
+        same(F.silu(tx), F.silu(x))
+        same(torch.cat([tx, ty]), torch.cat([x, y]))
