@@ -197,21 +197,6 @@ FastEntry& slot(uint64_t hash) {
   return table[hash % kTableSlots];
 }
 
-// Everything this path skips is per call, not per signature: checked on every call.
-bool fast_allowed() {
-  return eager_mode() == EagerMode::kStrict && !dry_run() && !any_undefined() && !any_custom_op_cost();
-}
-
-FastEntry* find(const FastKey& key) {
-  if (!key.ok() || !fast_allowed()) return nullptr;
-  FastEntry& e = slot(key.hash());
-  if (e.n != key.size() || e.hash != key.hash() || std::memcmp(e.w, key.words(), sizeof(int64_t) * e.n) != 0) {
-    return nullptr;
-  }
-  if (!e.validated && validating_first_calls()) return nullptr;  // kept while validation was off
-  return &e;
-}
-
 enum class Path { kOut, kInPlace };
 
 class FastOp {
@@ -223,6 +208,18 @@ class FastOp {
         matmul_(is_matmul_family(handle_)) {}
   uint64_t id() const { return reinterpret_cast<uintptr_t>(&handle_.schema()); }
   const char* label() const { return label_.c_str(); }
+
+  // The kept entry of `key`, or null: the first call of a signature, or one this path must
+  // not take now. Everything it skips is per call, not per signature: checked on every call.
+  FastEntry* find(const FastKey& key) const {
+    if (!key.ok() || !allowed()) return nullptr;
+    FastEntry& e = slot(key.hash());
+    if (e.n != key.size() || e.hash != key.hash() || std::memcmp(e.w, key.words(), sizeof(int64_t) * e.n) != 0) {
+      return nullptr;
+    }
+    if (!e.validated && validating_first_calls()) return nullptr;  // kept while validation was off
+    return &e;
+  }
   // Products: the fallback queues their out= kernel, and prices them, by the matmul precision
   // read at the call (the calling thread's override and the global setting): part of the key.
   void precision_key(FastKey& key) const {
@@ -238,7 +235,7 @@ class FastOp {
     stack.reserve(sizeof...(Args));
     torch::jit::push(stack, args...);
     StrictCapture capture;
-    keepable = keepable && key.ok() && fast_allowed();
+    keepable = keepable && key.ok() && allowed();
     capture_next_strict_call(keepable ? &capture : nullptr);
     try {
       tpu_boxed_fallback(handle_, &stack);
@@ -300,10 +297,16 @@ class FastOp {
         fresh_bytes);
   }
 
+  bool allowed() const {
+    return eager_mode() == EagerMode::kStrict && !dry_run() && !any_undefined() &&
+           !custom_cost_.has(handle_.schema().name());
+  }
+
   c10::OperatorHandle handle_;
   std::string label_;
   Path path_;
   bool matmul_;
+  CustomCostCheck custom_cost_;
 };
 
 // A tensor argument as queued work keeps it (host scalars: a snapshot of their value).
@@ -531,7 +534,7 @@ struct Functional<Op, OutOp, at::Tensor(A...)> {
     FastKey key(op.id());
     (ArgOf<A>::key(key, a), ...);
     op.precision_key(key);
-    if (FastEntry* e = find(key)) {
+    if (FastEntry* e = op.find(key)) {
       (ArgOf<A>::check(a), ...);
       DeferChecked scope({}, {});
       return op.run_out(*e, key.device(), [q = std::make_tuple(ArgOf<A>::queue(a)...)](TensorRecipe o) mutable {
@@ -558,7 +561,7 @@ struct InPlace<Op, at::Tensor&(at::Tensor&, A...)> {
     key.tensor(self);
     (ArgOf<A>::key(key, a), ...);
     const bool alone = key.ok() && self.device().type() == kTPU && !(ArgOf<A>::alias(self, a) || ...);
-    if (FastEntry* e = alone ? find(key) : nullptr) {
+    if (FastEntry* e = alone ? op.find(key) : nullptr) {
       (ArgOf<A>::check(a), ...);
       DeferChecked scope({}, {&self});
       op.run_in_place(*e, key.device(), [s = recipe(self), q = std::make_tuple(ArgOf<A>::queue(a)...)] {
@@ -579,7 +582,7 @@ at::Tensor binary(const FastOp& op, const at::Tensor& self, const at::Tensor& ot
   FastKey key(op.id());
   key.tensor(self), key.tensor(other);
   (key.scalar(extra), ...);
-  if (FastEntry* e = find(key)) {
+  if (FastEntry* e = op.find(key)) {
     DeferChecked checked({&self, &other}, {});
     return op.run_out(*e, key.device(), [a = recipe(self), b = recipe(other), extra...](TensorRecipe o) {
       return [a = std::move(a), b = std::move(b), extra..., o = std::move(o)] {
@@ -605,7 +608,7 @@ at::Tensor& binary_(const FastOp& op, at::Tensor& self, const at::Tensor& other,
   key.tensor(self), key.tensor(other);
   (key.scalar(extra), ...);
   const bool alone = key.ok() && writable_alone(self, other);
-  if (FastEntry* e = alone ? find(key) : nullptr) {
+  if (FastEntry* e = alone ? op.find(key) : nullptr) {
     DeferChecked checked({&other}, {&self});
     op.run_in_place(*e, key.device(), [a = recipe(self), b = recipe(other), extra...] {
       Host h;
@@ -656,7 +659,7 @@ template <typename OutOp>
 at::Tensor reduce_all(const FastOp& op, const at::Tensor& self, std::optional<c10::ScalarType> dtype) {
   FastKey key(op.id());
   key.tensor(self), key.dtype(dtype);
-  if (FastEntry* e = find(key)) {
+  if (FastEntry* e = op.find(key)) {
     DeferChecked checked({&self}, {});
     return op.run_out(*e, key.device(), [a = recipe(self), dtype](TensorRecipe o) {
       return [a = std::move(a), dtype, o = std::move(o)] {
@@ -684,7 +687,7 @@ at::Tensor reduce_dims(const FastOp& op, const at::Tensor& self, at::OptionalInt
                        std::optional<c10::ScalarType> dtype) {
   FastKey key(op.id());
   key.tensor(self), key.dims(dim), key.boolean(keepdim), key.dtype(dtype);
-  if (FastEntry* e = find(key)) {
+  if (FastEntry* e = op.find(key)) {
     DeferChecked checked({&self}, {});
     return op.run_out(*e, key.device(), [a = recipe(self), d = own(dim), keepdim, dtype](TensorRecipe o) {
       return [a = std::move(a), d = std::move(d), keepdim, dtype, o = std::move(o)] {
@@ -715,7 +718,7 @@ at::Tensor amax(const at::Tensor& self, at::IntArrayRef dim, bool keepdim) {
   static const FastOp op("aten::amax", "", Path::kOut);
   FastKey key(op.id());
   key.tensor(self), key.dims(dim), key.boolean(keepdim);
-  if (FastEntry* e = find(key)) {
+  if (FastEntry* e = op.find(key)) {
     DeferChecked checked({&self}, {});
     return op.run_out(*e, key.device(), [a = recipe(self), d = c10::DimVector(dim), keepdim](TensorRecipe o) {
       return [a = std::move(a), d = std::move(d), keepdim, o = std::move(o)] {
@@ -732,7 +735,7 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim, const at::Tensor& i
   static const FastOp op("aten::index_select", "", Path::kOut);
   FastKey key(op.id());
   key.tensor(self), key.integer(dim), key.tensor(index);
-  if (FastEntry* e = find(key)) {
+  if (FastEntry* e = op.find(key)) {
     DeferChecked checked({&self, &index}, {});
     return op.run_out(*e, key.device(), [a = recipe(self), dim, i = recipe(index)](TensorRecipe o) {
       return [a = std::move(a), dim, i = std::move(i), o = std::move(o)] {
@@ -749,7 +752,7 @@ at::Tensor gather(const at::Tensor& self, int64_t dim, const at::Tensor& index, 
   static const FastOp op("aten::gather", "", Path::kOut);
   FastKey key(op.id());
   key.tensor(self), key.integer(dim), key.tensor(index), key.boolean(sparse_grad);
-  if (FastEntry* e = find(key)) {
+  if (FastEntry* e = op.find(key)) {
     DeferChecked checked({&self, &index}, {});
     return op.run_out(*e, key.device(), [a = recipe(self), dim, i = recipe(index), sparse_grad](TensorRecipe o) {
       return [a = std::move(a), dim, i = std::move(i), sparse_grad, o = std::move(o)] {

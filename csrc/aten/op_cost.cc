@@ -93,7 +93,8 @@ vtpu::OpCost transfer_cost(double bytes_read, double bytes_written) {
 namespace {
 std::mutex custom_costs_mutex;
 std::unordered_map<std::string, CustomOpCostFn> custom_costs;
-std::atomic<bool> any_custom_cost{false};  // one load on the common path
+std::atomic<bool> any_custom_cost{false};         // one load on the common path
+std::atomic<uint64_t> custom_cost_generation{1};  // bumped by every set_custom_op_cost
 
 CustomOpCostFn custom_cost_of(const std::string& name) {
   if (!any_custom_cost.load(std::memory_order_relaxed)) return {};
@@ -111,9 +112,22 @@ void set_custom_op_cost(const std::string& op, CustomOpCostFn fn) {
     custom_costs.erase(op);
   }
   any_custom_cost.store(!custom_costs.empty());
+  custom_cost_generation.fetch_add(1, std::memory_order_release);
 }
 
-bool any_custom_op_cost() { return any_custom_cost.load(std::memory_order_relaxed); }
+bool CustomCostCheck::has(const std::string& op) const {
+  const uint64_t generation = custom_cost_generation.load(std::memory_order_acquire);
+  const uint64_t seen = seen_.load(std::memory_order_relaxed);
+  if (seen >> 1 == generation) return seen & 1;
+  bool found;
+  {
+    std::lock_guard<std::mutex> lock(custom_costs_mutex);
+    found = custom_costs.count(op) > 0;
+  }
+  // Read at `generation` or later: a set since then bumps it again, and the next call looks again.
+  seen_.store(generation << 1 | static_cast<uint64_t>(found), std::memory_order_relaxed);
+  return found;
+}
 
 vtpu::OpCost op_cost(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
                      const std::vector<at::Tensor>& results, at::Float32MatmulPrecision precision) {

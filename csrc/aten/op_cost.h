@@ -7,6 +7,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,8 +28,18 @@ vtpu::OpCost op_cost(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValu
 using CustomOpCostFn =
     std::function<bool(c10::ArrayRef<c10::IValue> args, const std::vector<at::Tensor>& results, vtpu::OpCost* cost)>;
 void set_custom_op_cost(const std::string& op, CustomOpCostFn fn);
-// Whether any custom cost function is set (op_cost() then asks it first).
-bool any_custom_op_cost();
+
+// Whether one op has a custom cost function (so its price is asked on every call and
+// never cached), for callers that ask about the same op on every call: one atomic load
+// while the registrations stay as they were when it last looked. `op` as for
+// set_custom_op_cost; a caller asks about one op only.
+class CustomCostCheck {
+ public:
+  bool has(const std::string& op) const;
+
+ private:
+  mutable std::atomic<uint64_t> seen_{0};  // (registration generation << 1) | has; 0: never looked
+};
 
 // A copy or fill that moves `bytes_read` and writes `bytes_written` HBM bytes.
 vtpu::OpCost transfer_cost(double bytes_read, double bytes_written);

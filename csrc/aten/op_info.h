@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "aten/op_cost.h"
+
 namespace torch_tpu {
 
 // Which argument a return aliases (-1: a fresh tensor), and whether it writes.
@@ -39,6 +41,7 @@ struct OpInfo {
   enum class MetaCheck { kNone, kFactoryOut, kEmptyDims, kLayerNormDtype } meta_check = MetaCheck::kNone;
   bool quantized = false;                 // creates quantized tensors: NotImplementedError at the call
   bool has_optional_tensor_list = false;  // a Tensor?[] argument (index lists)
+  CustomCostCheck custom_cost;            // has(schema name): priced by a custom function
 };
 
 // Thread-safe; the reference stays valid for the life of the process.

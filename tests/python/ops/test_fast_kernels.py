@@ -356,3 +356,31 @@ def test_generic_kernels_in_other_modes():
     with torch_tpu.eager_mode("debug"):
         same(F.silu(tx), F.silu(x))
         same(torch.cat([tx, ty]), torch.cat([x, y]))
+
+
+def test_a_custom_cost_elsewhere_leaves_the_kept_paths():
+    """A custom cost function (what each torch.tpu.pallas kernel registers, also at import)
+    turns off the kept path of its own op only: that op is priced by it on every call."""
+    x = torch.randn(6, 5)
+    tx = x.to(DEV)
+    asked = []
+
+    def price(args, results):
+        asked.append(1)
+        return {"flops": 7.0, "bytes_read": 0.0, "bytes_written": 0.0}
+
+    torch_tpu._C._set_custom_op_cost("test_fast_kernels::elsewhere", price)
+    try:
+        got, n = kept(lambda a: a.exp(), tx)  # another op's function: exp is kept
+        same(got, x.exp())
+        assert n == 2
+        torch_tpu._C._set_custom_op_cost("aten::sin", price)
+        got, n = kept(lambda a: a.sin(), tx)  # its own: priced on each call, never kept
+        same(got, x.sin())
+        assert n == 0 and len(asked) == 3
+    finally:
+        torch_tpu._C._set_custom_op_cost("aten::sin", None)
+        torch_tpu._C._set_custom_op_cost("test_fast_kernels::elsewhere", None)
+    got, n = kept(lambda a: a.sin(), tx)  # unregistered: kept again
+    same(got, x.sin())
+    assert n == 2 and len(asked) == 3
