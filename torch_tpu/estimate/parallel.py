@@ -42,6 +42,7 @@ Inside a slice all traffic is ICI: a Cloud TPU slice is one ICI domain across it
 from __future__ import annotations
 
 import math
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -241,13 +242,15 @@ class _Gather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, shard, unit):
-        ctx.unit = unit
+        # Weakly: the unit's modules hold the views, whose grad_fn holds ctx; a strong
+        # reference closes a cycle through autograd's C++ node that gc cannot break.
+        ctx.unit = weakref.ref(unit)
         full = unit.gather(shard)
         return tuple(full[off:off + math.prod(shape)].view(shape) for off, shape in unit.unique)
 
     @staticmethod
     def backward(ctx, *grads):
-        return ctx.unit.reduce_grad(grads), None
+        return ctx.unit().reduce_grad(grads), None
 
 
 class FSDPUnit:

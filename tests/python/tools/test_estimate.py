@@ -6,6 +6,7 @@ estimator. The in-process tests use tpu:1 (general-work chips, see conftest.py) 
 slice this process runs on; slices of other sizes run through the CLI in subprocesses.
 """
 
+import gc
 import json
 import math
 import os
@@ -479,3 +480,20 @@ def test_fused_dry_run_equals_real_defer_and_fuse_llama_step():
     for g in GENS:
         assert dry["device_seconds_by_generation"][g] == pytest.approx(real["device_seconds_by_generation"][g],
                                                                        rel=5e-3), g
+
+
+def test_a_run_frees_its_model():
+    """Nothing of an estimate outlives its run(): no HBM left allocated on the chip, and no
+    tensor without values (a dry run's) kept alive to slow every later op (fast_ops.cc)."""
+    if _chips() < 8:
+        pytest.skip("needs 8 chips")
+    gc.collect()
+    before = torch.tpu.memory_allocated(DEV)
+    run(model_spec("llama-tiny", batch=4), Parallelism(dp=1, fsdp=4, tp=2), remat=False, device=DEV)
+    gc.collect()
+    assert torch.tpu.memory_allocated(DEV) == before
+    x = torch.ones(3, 2, device=DEV)
+    x.exp()
+    n0 = torch_tpu._C._fast_kept_calls()
+    x.exp()
+    assert torch_tpu._C._fast_kept_calls() == n0 + 1
