@@ -112,6 +112,8 @@ class FastKey {
     if ((unsupported_on_tpu(dtype) && !wrapped) || c10::isComplexType(dtype)) return fail();
     const c10::Device d = t.device();
     if (d.type() == kTPU) {
+      // Without values (donated, or written in a dry run): the fallback raises at the call.
+      if (any_undefined() && buffer_undefined(t.storage().data_ptr())) return fail();
       if (device_ < 0) device_ = d.index();
       add(1 | static_cast<int64_t>(dtype) << 8 | static_cast<int64_t>(t.dim()) << 16 |
           static_cast<int64_t>(d.index()) << 24);
@@ -298,8 +300,7 @@ class FastOp {
   }
 
   bool allowed() const {
-    return eager_mode() == EagerMode::kStrict && !dry_run() && !any_undefined() &&
-           !custom_cost_.has(handle_.schema().name());
+    return eager_mode() == EagerMode::kStrict && !dry_run() && !custom_cost_.has(handle_.schema().name());
   }
 
   c10::OperatorHandle handle_;

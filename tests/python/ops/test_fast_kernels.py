@@ -384,3 +384,20 @@ def test_a_custom_cost_elsewhere_leaves_the_kept_paths():
     got, n = kept(lambda a: a.sin(), tx)  # unregistered: kept again
     same(got, x.sin())
     assert n == 2 and len(asked) == 3
+
+
+def test_a_donated_tensor_elsewhere_leaves_the_kept_paths():
+    """A tensor without values alive somewhere (donated to a Pallas kernel, written in a dry
+    run) sends only the calls that read it to the fallback, which raises at the call."""
+    x = torch.randn(6, 5)
+    tx, gone = x.to(DEV), torch.randn(6, 5).to(DEV)
+    for _ in range(2):  # kept signatures, gone's among them
+        tx.exp(), gone.exp()
+    torch_tpu._C._mark_donated(gone, "test_op")
+    got, n = kept(lambda a: a.exp(), tx)
+    same(got, x.exp())
+    assert n == 2
+    with pytest.raises(RuntimeError, match="was donated to test_op"):
+        gone.exp()
+    gone.zero_()  # overwritten whole: usable again
+    same(gone.exp(), torch.ones(6, 5))
