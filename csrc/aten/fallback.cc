@@ -470,9 +470,9 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
 // once per cached signature, with its roofline estimates; custom cost functions
 // (set_custom_op_cost) are asked every call. Recorded on `chip`.
 template <typename Precision>
-void record_priced(vtpu::Chip& chip, MetaExtras* extras, const OpInfo& info, const c10::FunctionSchema& schema,
+void record_priced(vtpu::Chip& chip, MetaExtras* extras, bool custom_priced, const c10::FunctionSchema& schema,
                    c10::ArrayRef<IValue> args, const std::vector<IValue>& results, const Precision& precision) {
-  const bool cacheable = extras && !info.custom_cost.has(schema.name());
+  const bool cacheable = extras && !custom_priced;
   if (cacheable && extras->priced && (!extras->cost.mxu || extras->precision == static_cast<int8_t>(precision()))) {
     return chip.record_cost(extras->cost, extras->estimates);
   }
@@ -560,7 +560,8 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     auto& stream = current_vtpu_stream(device);
     // The precision matters to products only (their CPU kernel's passes, their cost).
     const auto precision = info.matmul ? effective_matmul_precision() : at::Float32MatmulPrecision::HIGHEST;
-    record_priced(chip(device), extras, info, schema, args, results,
+    const bool custom_priced = info.custom_cost.has(schema.name());
+    record_priced(chip(device), extras, custom_priced, schema, args, results,
                   [&] { return info.matmul ? precision : effective_matmul_precision(); });
     if (dry_run()) {  // shaped, allocated and priced; not computed
       // Arguments it writes now hold values nobody computed (fresh results already do).
@@ -600,8 +601,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     for (const auto& r : fresh) fresh_bytes += r.storage.nbytes();
     // Reported once the work is queued (validation raises past it).
     auto report = [&] {
-      if (!capture || !extras || !extras->priced || philox || info.custom_cost.has(schema.name()) ||
-          !last_meta_warnings().empty()) {
+      if (!capture || !extras || !extras->priced || philox || custom_priced || !last_meta_warnings().empty()) {
         return;
       }
       capture->op = &schema;
