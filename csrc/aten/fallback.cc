@@ -412,6 +412,21 @@ at::Tensor tpu_result(const TensorMeta& m, const ReturnAlias& alias, const at::T
   return empty_tpu(m.sizes, m.strides, m.dtype, device);
 }
 
+// HBM bytes of the results tpu_result() allocates afresh for `meta`.
+uint64_t fresh_result_bytes(const MetaResult& meta, const OpInfo& info) {
+  uint64_t total = 0;
+  for (size_t r = 0; r < meta.size(); ++r) {
+    if (info.returns[r].arg >= 0) continue;
+    for (const TensorMeta& m : meta[r].tensors) {
+      if (!m.defined) continue;
+      size_t nbytes = 0, physical = 0;
+      tpu_buffer_bytes(m.sizes, m.strides, c10::elementSize(m.dtype), &nbytes, &physical);
+      total += nbytes;
+    }
+  }
+  return total;
+}
+
 // The tpu tensor(s) aliased by return `r`, or undefined ones.
 std::vector<at::Tensor> aliased_tensors(c10::ArrayRef<IValue> args, const ReturnAlias& alias) {
   std::vector<at::Tensor> out;
@@ -520,7 +535,9 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   const MetaResult& meta = *meta_ptr;
   MetaExtras* const extras = last_meta_extras();  // this signature's cached pricing and validation
 
-  // Allocate results now; the work fills them later.
+  // Allocate results now; the work fills them later. First the run-ahead wait, which frees
+  // the blocks of results the caller dropped, so that these reuse them (cache-warm).
+  if (!dry_run()) wait_run_ahead_before_allocating(current_vtpu_stream(device), fresh_result_bytes(meta, info));
   std::vector<IValue> results;
   std::vector<TensorRecipe> fresh;                    // results the work must copy into
   std::vector<std::pair<size_t, size_t>> fresh_slot;  // (return, list index)

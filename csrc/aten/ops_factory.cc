@@ -7,6 +7,8 @@
 #include <torch/library.h>
 
 #include "runtime/device.h"
+#include "runtime/dry_run.h"
+#include "runtime/errors.h"
 #include "runtime/tensor_factory.h"
 
 namespace torch_tpu {
@@ -27,11 +29,23 @@ c10::DeviceIndex index_of(c10::optional<c10::Device> device) {
   return resolve_index(device.has_value() && device->has_index() ? device->index() : -1);
 }
 
+// A composite op's result (clone's empty_like) waits for the run-ahead bound before it is
+// allocated, as an op's own results do (wait_run_ahead_before_allocating).
+void wait_run_ahead(c10::IntArrayRef size, c10::IntArrayRef stride, c10::ScalarType dtype, c10::DeviceIndex device) {
+  if (dry_run()) return;
+  // The stream itself, not vtpu_stream(): an empty tensor is no reason to flush deferred work.
+  vtpu::Stream& stream = translate_errors([&]() -> vtpu::Stream& { return chip(device).stream(current_stream(device).id()); });
+  wait_run_ahead_before_allocating(stream, at::detail::computeStorageNbytes(size, stride, c10::elementSize(dtype)));
+}
+
 at::Tensor empty_strided_tpu(c10::IntArrayRef size, c10::IntArrayRef stride, c10::optional<c10::ScalarType> dtype,
                              c10::optional<c10::Layout> layout, c10::optional<c10::Device> device,
                              c10::optional<bool> pin_memory) {
   check_options(layout, device, pin_memory);
-  return empty_tpu(size, stride, dtype.value_or(c10::get_default_dtype_as_scalartype()), index_of(device));
+  const auto type = dtype.value_or(c10::get_default_dtype_as_scalartype());
+  const auto index = index_of(device);
+  wait_run_ahead(size, stride, type, index);
+  return empty_tpu(size, stride, type, index);
 }
 
 at::Tensor empty_memory_format_tpu(c10::IntArrayRef size, c10::optional<c10::ScalarType> dtype,
@@ -39,8 +53,11 @@ at::Tensor empty_memory_format_tpu(c10::IntArrayRef size, c10::optional<c10::Sca
                                    c10::optional<bool> pin_memory, c10::optional<c10::MemoryFormat> memory_format) {
   check_options(layout, device, pin_memory);
   for (auto s : size) TORCH_CHECK(s >= 0, "empty: negative dimension ", s, " in size ", size);
-  auto t = empty_tpu(size, c10::contiguous_strides(size), dtype.value_or(c10::get_default_dtype_as_scalartype()),
-                     index_of(device));
+  const auto type = dtype.value_or(c10::get_default_dtype_as_scalartype());
+  const auto index = index_of(device);
+  const auto strides = c10::contiguous_strides(size);
+  wait_run_ahead(size, strides, type, index);
+  auto t = empty_tpu(size, strides, type, index);
   auto format = memory_format.value_or(c10::MemoryFormat::Contiguous);
   if (format != c10::MemoryFormat::Contiguous) t.unsafeGetTensorImpl()->empty_tensor_restride(format);
   return t;

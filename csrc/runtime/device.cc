@@ -125,8 +125,12 @@ void wait_all_chips_idle() {
   }
 }
 
-void enqueue_sized(vtpu::Stream& stream, const char* static_name, std::function<void()> work, uint64_t fresh_bytes) {
+void wait_run_ahead_before_allocating(vtpu::Stream& stream, uint64_t fresh_bytes) {
   if (stream.run_ahead_exceeded(fresh_bytes)) run_blocking([&] { stream.wait_run_ahead(fresh_bytes); });
+}
+
+void enqueue_sized(vtpu::Stream& stream, const char* static_name, std::function<void()> work, uint64_t fresh_bytes) {
+  wait_run_ahead_before_allocating(stream, fresh_bytes);
   stream.enqueue_named(static_name, std::move(work), fresh_bytes);
 }
 
