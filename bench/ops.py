@@ -4,7 +4,8 @@ loads torch_tpu: in one process, the stream worker's OpenMP team and the main
 thread's would make libgomp stop spinning and slow both sides' parallel
 kernels (docs/limits.md). Each figure is the median over repeats of the
 time to issue `--iters` calls and wait for them (tpu: torch.tpu.synchronize()),
-divided by `--iters`; the last column is tpu / cpu.
+divided by `--iters`; the two sides take their samples in turn, and the last
+column is tpu / cpu.
 
 Run: python bench/ops.py [--iters N] [--sizes 64,1024,4096] [--ops exp,sum(dim=1)]
 
@@ -17,6 +18,7 @@ build (DIR holding its torch_tpu package with its _C extension) in place of the 
 """
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -70,8 +72,10 @@ def ops(n: int):
 
 
 def measure(fn, args, iters, repeats, sync):
-    # First let the other side's idle OpenMP threads stop spinning (libgomp spins ~3 ms).
-    time.sleep(0.02)
+    # First let the other side's idle OpenMP threads stop spinning (libgomp spins ~3 ms). Not
+    # much longer: after 20 ms idle, one sample in five ran 5-10x slow on a 2-vCPU VM (its
+    # OpenMP thread's vCPU slow to come back), at 5-10 ms none did.
+    time.sleep(0.005)
     fn(*args)
     sync()
     samples = []
@@ -88,6 +92,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--sample-ms", type=float, default=20.0, help="least length of one sample (raises --iters)")
     p.add_argument("--sizes", default="64,1024,4096")
     p.add_argument("--ab", metavar="VAR=VALUE", help="compare tpu times with and without this environment setting")
     p.add_argument("--baseline", metavar="DIR", help="compare tpu times with another checkout's torch_tpu build")
@@ -107,14 +112,22 @@ def main():
     print(f"{'op':22} {'n':>5} {'tpu us':>10} {'cpu us':>10} {'tpu/cpu':>8}")
     ratios = {}
     for n in [int(s) for s in a.sizes.split(",")]:
-        iters = a.iters if n <= 1024 else max(2, a.iters // 10)
         for index, (name, fn, make) in enumerate(ops(n)):
+            iters = a.iters if n <= 1024 else max(2, a.iters // 10)
             if a.ops and name not in a.ops.split(","):
                 continue
             torch.manual_seed(0)
             tpu_args = make("tpu")  # built on the chip: CPU kernels here would start a second OpenMP team
-            c = peer.measure(n, index, iters, a.repeats)
-            t = measure(fn, tpu_args, iters, a.repeats, torch.tpu.synchronize)
+            # Samples of at least --sample-ms: a core slow to come back from idle (on a VM, up to
+            # a few ms) then costs a sample little. One sample each way in turn: a change of the
+            # machine's speed meets both sides.
+            per_call = peer.measure(n, index, iters, 1)
+            iters = max(iters, min(100000, math.ceil(a.sample_ms * 1e-3 / per_call)))
+            cpu_samples, tpu_samples = [], []
+            for _ in range(a.repeats):
+                cpu_samples.append(peer.measure(n, index, iters, 1))
+                tpu_samples.append(measure(fn, tpu_args, iters, 1, torch.tpu.synchronize))
+            c, t = statistics.median(cpu_samples), statistics.median(tpu_samples)
             ratios.setdefault(n, []).append(t / c)
             print(f"{name:22} {n:5d} {t * 1e6:10.1f} {c * 1e6:10.1f} {t / c:8.2f}", flush=True)
     for n, r in ratios.items():
@@ -154,7 +167,7 @@ def ab(a):
             keep = a.baseline and label == "without"  # this checkout: PYTHONPATH as set in main()
             env = {k: v for k, v in os.environ.items() if k != var or keep} | extra
             out = subprocess.run(
-                [sys.executable, __file__, "--iters", str(a.iters), "--repeats", str(a.repeats), "--sizes", a.sizes]
+                [sys.executable, __file__, "--iters", str(a.iters), "--repeats", str(a.repeats), "--sizes", a.sizes, "--sample-ms", str(a.sample_ms)]
                 + (["--ops", a.ops] if a.ops else []),
                 env=env,
                 capture_output=True,
