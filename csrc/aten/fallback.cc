@@ -537,7 +537,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
 
   // Allocate results now; the work fills them later. First the run-ahead wait, which frees
   // the blocks of results the caller dropped, so that these reuse them (cache-warm).
-  if (!dry_run()) wait_run_ahead_before_allocating(current_vtpu_stream(device), fresh_result_bytes(meta, info));
+  wait_run_ahead_before_allocating(device, fresh_result_bytes(meta, info));
   std::vector<IValue> results;
   std::vector<TensorRecipe> fresh;                    // results the work must copy into
   std::vector<std::pair<size_t, size_t>> fresh_slot;  // (return, list index)

@@ -258,7 +258,7 @@ class FastOp {
   at::Tensor run_out(FastEntry& e, c10::DeviceIndex device, MakeWork&& make_work) const {
     // Wait for the run-ahead bound before allocating, not after: the wait frees the blocks of
     // results the caller already dropped, so this one reuses them (cache-warm) as on CPU.
-    wait_run_ahead_before_allocating(current_vtpu_stream(device), e.nbytes);
+    wait_run_ahead_before_allocating(device, e.nbytes);
     at::Tensor out = empty_tpu_bytes(e.sizes, e.strides, e.dtype, device, e.nbytes, e.physical);
     queue(e, device, e.nbytes, make_work(TensorRecipe::of(out)));
     return out;

@@ -7,8 +7,6 @@
 #include <torch/library.h>
 
 #include "runtime/device.h"
-#include "runtime/dry_run.h"
-#include "runtime/errors.h"
 #include "runtime/tensor_factory.h"
 
 namespace torch_tpu {
@@ -32,16 +30,14 @@ c10::DeviceIndex index_of(c10::optional<c10::Device> device) {
 // A composite op's result (clone's empty_like) waits for the run-ahead bound before it is
 // allocated, as an op's own results do (wait_run_ahead_before_allocating).
 void wait_run_ahead(c10::IntArrayRef size, c10::IntArrayRef stride, c10::ScalarType dtype, c10::DeviceIndex device) {
-  if (dry_run()) return;
-  // The stream itself, not vtpu_stream(): an empty tensor is no reason to flush deferred work.
-  vtpu::Stream& stream = translate_errors([&]() -> vtpu::Stream& { return chip(device).stream(current_stream(device).id()); });
-  wait_run_ahead_before_allocating(stream, at::detail::computeStorageNbytes(size, stride, c10::elementSize(dtype)));
+  wait_run_ahead_before_allocating(device, at::detail::computeStorageNbytes(size, stride, c10::elementSize(dtype)));
 }
 
 at::Tensor empty_strided_tpu(c10::IntArrayRef size, c10::IntArrayRef stride, c10::optional<c10::ScalarType> dtype,
                              c10::optional<c10::Layout> layout, c10::optional<c10::Device> device,
                              c10::optional<bool> pin_memory) {
   check_options(layout, device, pin_memory);
+  for (auto s : size) TORCH_CHECK(s >= 0, "empty_strided: negative dimension ", s, " in size ", size);
   const auto type = dtype.value_or(c10::get_default_dtype_as_scalartype());
   const auto index = index_of(device);
   wait_run_ahead(size, stride, type, index);

@@ -40,9 +40,10 @@ void wait_all_chips_idle();
 // results: first waits (through run_blocking) while the stream's run-ahead bound is exceeded
 // (vtpu::Stream::run_ahead_exceeded). `static_name` outlives the work.
 void enqueue_sized(vtpu::Stream& stream, const char* static_name, std::function<void()> work, uint64_t fresh_bytes);
-// The run-ahead wait of enqueue_sized(), for callers to take before they allocate the work's
-// results: blocks the caller dropped are freed by the work it waits for, and get reused.
-void wait_run_ahead_before_allocating(vtpu::Stream& stream, uint64_t fresh_bytes);
+// The run-ahead wait of enqueue_sized() on `device`'s current stream, for callers to take before
+// they allocate `fresh_bytes` of results: the work it waits for frees the blocks of results the
+// caller dropped, and these reuse them. No-op in a dry run; flushes no deferred work.
+void wait_run_ahead_before_allocating(c10::DeviceIndex device, uint64_t fresh_bytes);
 // Waits for one stream, leaving earlier failures pending for the next synchronization.
 void wait_stream_idle(vtpu::Stream& stream);
 // Waits for one stream; raises RuntimeError for failed work.

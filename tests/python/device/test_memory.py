@@ -213,3 +213,15 @@ def test_out_of_memory_then_recover(run_python):
     assert out["b_sum"] == 3 * 40 * MiB_
     assert out["c_sum"] == 4 * MiB_
     assert out["allocated"] == 16 * MiB_
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda d: torch.empty(-1, 2, device=d), lambda d: torch.empty_strided((-1, 2), (2, 1), device=d)],
+    ids=["empty", "empty_strided"],
+)
+def test_a_negative_size_raises_naming_it_as_on_cpu(make):
+    with pytest.raises(RuntimeError, match="negative dimension -1") as cpu:
+        make("cpu")
+    with pytest.raises(type(cpu.value), match="negative dimension -1.*\\[-1, 2\\]"):
+        make("tpu")
