@@ -167,7 +167,8 @@ def ab(a):
             keep = a.baseline and label == "without"  # this checkout: PYTHONPATH as set in main()
             env = {k: v for k, v in os.environ.items() if k != var or keep} | extra
             out = subprocess.run(
-                [sys.executable, __file__, "--iters", str(a.iters), "--repeats", str(a.repeats), "--sizes", a.sizes, "--sample-ms", str(a.sample_ms)]
+                [sys.executable, __file__, "--iters", str(a.iters), "--repeats", str(a.repeats), "--sizes", a.sizes]
+                + ["--sample-ms", str(a.sample_ms)]
                 + (["--ops", a.ops] if a.ops else []),
                 env=env,
                 capture_output=True,
