@@ -537,7 +537,8 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
 
   // Allocate results now; the work fills them later. First the run-ahead wait, which frees
   // the blocks of results the caller dropped, so that these reuse them (cache-warm).
-  wait_run_ahead_before_allocating(device, fresh_result_bytes(meta, info));
+  const uint64_t fresh_bytes = fresh_result_bytes(meta, info);
+  wait_run_ahead_before_allocating(device, fresh_bytes);
   std::vector<IValue> results;
   std::vector<TensorRecipe> fresh;                    // results the work must copy into
   std::vector<std::pair<size_t, size_t>> fresh_slot;  // (return, list index)
@@ -614,8 +615,6 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
       validate = !validated_signatures.count(key);
       if (!validate && extras) extras->validated = true;
     }
-    uint64_t fresh_bytes = 0;
-    for (const auto& r : fresh) fresh_bytes += r.storage.nbytes();
     // Reported once the work is queued (validation raises past it).
     auto report = [&] {
       if (!capture || !extras || !extras->priced || philox || custom_priced || !last_meta_warnings().empty()) {

@@ -258,14 +258,15 @@ class FastOp {
   at::Tensor run_out(FastEntry& e, c10::DeviceIndex device, MakeWork&& make_work) const {
     // Wait for the run-ahead bound before allocating, not after: the wait frees the blocks of
     // results the caller already dropped, so this one reuses them (cache-warm) as on CPU.
-    wait_run_ahead_before_allocating(device, e.nbytes);
+    vtpu::Stream& stream = current_vtpu_stream(device);
+    wait_run_ahead_before_allocating(stream, e.nbytes);
     at::Tensor out = empty_tpu_bytes(e.sizes, e.strides, e.dtype, device, e.nbytes, e.physical);
-    queue(e, device, e.nbytes, make_work(TensorRecipe::of(out)));
+    queue(e, stream, device, e.nbytes, make_work(TensorRecipe::of(out)));
     return out;
   }
   template <typename Work>
   void run_in_place(FastEntry& e, c10::DeviceIndex device, Work&& work) const {
-    queue(e, device, 0, std::forward<Work>(work));
+    queue(e, current_vtpu_stream(device), device, 0, std::forward<Work>(work));
   }
 
  private:
@@ -290,11 +291,11 @@ class FastOp {
     e.estimates = capture.estimates;
   }
   template <typename Work>
-  void queue(FastEntry& e, c10::DeviceIndex device, uint64_t fresh_bytes, Work&& work) const {
+  void queue(FastEntry& e, vtpu::Stream& stream, c10::DeviceIndex device, uint64_t fresh_bytes, Work&& work) const {
     chip(device).record_cost(e.cost, e.estimates);
     ++kept_calls;
     enqueue_sized(
-        current_vtpu_stream(device), label_.c_str(),
+        stream, label_.c_str(),
         [work = std::forward<Work>(work), issuer = std::this_thread::get_id()] {
           static const std::vector<std::string> none;  // a kept signature's meta kernel warned nothing
           queue_warnings(issuer, run_collecting_warnings(std::cref(work), none));

@@ -126,22 +126,20 @@ void wait_all_chips_idle() {
   }
 }
 
-namespace {
-void wait_run_ahead(vtpu::Stream& stream, uint64_t fresh_bytes) {
+void wait_run_ahead_before_allocating(vtpu::Stream& stream, uint64_t fresh_bytes) {
   if (stream.run_ahead_exceeded(fresh_bytes)) run_blocking([&] { stream.wait_run_ahead(fresh_bytes); });
 }
-}  // namespace
 
 void wait_run_ahead_before_allocating(c10::DeviceIndex device, uint64_t fresh_bytes) {
   if (fresh_bytes == 0 || dry_run()) return;
   // The stream itself, not vtpu_stream(): allocating is no reason to flush deferred work.
   auto& c = chip(device);
   const int64_t id = current_stream(device).id();
-  wait_run_ahead(translate_errors([&]() -> vtpu::Stream& { return c.stream(id); }), fresh_bytes);
+  wait_run_ahead_before_allocating(translate_errors([&]() -> vtpu::Stream& { return c.stream(id); }), fresh_bytes);
 }
 
 void enqueue_sized(vtpu::Stream& stream, const char* static_name, std::function<void()> work, uint64_t fresh_bytes) {
-  wait_run_ahead(stream, fresh_bytes);
+  wait_run_ahead_before_allocating(stream, fresh_bytes);
   stream.enqueue_named(static_name, std::move(work), fresh_bytes);
 }
 

@@ -44,6 +44,8 @@ void enqueue_sized(vtpu::Stream& stream, const char* static_name, std::function<
 // they allocate `fresh_bytes` of results: the work it waits for frees the blocks of results the
 // caller dropped, and these reuse them. No-op in a dry run; flushes no deferred work.
 void wait_run_ahead_before_allocating(c10::DeviceIndex device, uint64_t fresh_bytes);
+// The same on a stream the caller already holds.
+void wait_run_ahead_before_allocating(vtpu::Stream& stream, uint64_t fresh_bytes);
 // Waits for one stream, leaving earlier failures pending for the next synchronization.
 void wait_stream_idle(vtpu::Stream& stream);
 // Waits for one stream; raises RuntimeError for failed work.
