@@ -51,6 +51,8 @@ def ops(n: int):
         ("mean", torch.mean, lambda d: (sq(d),)),
         ("matmul", torch.matmul, lambda d: (sq(d), sq(d))),
         ("linear+bias", F.linear, lambda d: (sq(d), sq(d), torch.randn(n, device=d))),
+        # A decode step's vocabulary projection: 4 rows by an [8n, 512] weight.
+        ("linear (4 rows)", F.linear, lambda d: (torch.randn(4, 512, device=d), torch.randn(8 * n, 512, device=d))),
         ("softmax", lambda a: a.softmax(-1), lambda d: (sq(d),)),
         ("layer_norm", lambda a: F.layer_norm(a, (n,)), lambda d: (sq(d),)),
         ("embedding", F.embedding, lambda d: (torch.randint(0, n, (n,), device=d), sq(d))),

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "aten/fallback_internal.h"
+#include "aten/host_matmul.h"
 #include "aten/matmul_precision.h"
 #include "aten/meta_cache.h"
 #include "aten/op_cost.h"
@@ -629,12 +630,12 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     };
     if (out_op) {
       enqueue_or_validate(stream, label, key, validate, extras, fresh_bytes,
-                          [op = *out_op, queued = std::move(queued), fresh = std::move(fresh)] {
+                          [op = *out_op, matmul = info.matmul, queued = std::move(queued), fresh = std::move(fresh)] {
                             AliasBuilder host(c10::kCPU);
                             auto cpu = build_stack(queued, host);
                             for (const auto& r : fresh) cpu.push_back(host.alias(r));
                             at::AutoDispatchBelowADInplaceOrView below_autograd;
-                            op.callBoxed(&cpu);
+                            if (!(matmul && call_mm_out_in_faster_order(op, &cpu))) op.callBoxed(&cpu);
                           });
       report();
       torch::jit::drop(*stack, num_args);

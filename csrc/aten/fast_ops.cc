@@ -76,6 +76,7 @@
 #include <vector>
 
 #include "aten/fallback_internal.h"
+#include "aten/host_matmul.h"
 #include "aten/matmul_precision.h"
 #include "aten/op_cost.h"
 #include "defer/defer.h"
@@ -554,6 +555,18 @@ struct Functional<Op, OutOp, at::Tensor(A...)> {
   }
 };
 
+// The out= kernel the worker runs for `OutOp`: ATen's, except mm's, which computes a few rows
+// against a large transposed matrix in host_matmul.h's order (as the fallback's first call does).
+template <typename OutOp>
+struct WorkerOut : OutOp {};
+template <>
+struct WorkerOut<at::_ops::mm_out> {
+  static at::Tensor& call(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+    if (!mm_few_rows_by_transposed(a, b, out)) at::_ops::mm_out::call(a, b, out);
+    return out;
+  }
+};
+
 // An in-place op `Op` (self first): kept when `self` is on the chip and shares no storage
 // with its other tensors, as `binary_` above.
 template <typename Op, typename Sig = typename Op::schema>
@@ -849,7 +862,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("amax", TORCH_FN(amax));
   m.impl("index_select", TORCH_FN(index_select));
   m.impl("gather", TORCH_FN(gather));
-#define TORCH_TPU_IMPL(name, op, out) m.impl(name, TORCH_FN((Functional<at::_ops::op, at::_ops::out>::call)));
+#define TORCH_TPU_IMPL(name, op, out) \
+  m.impl(name, TORCH_FN((Functional<at::_ops::op, WorkerOut<at::_ops::out>>::call)));
   TORCH_TPU_FAST_FUNCTIONAL(TORCH_TPU_IMPL)
 #undef TORCH_TPU_IMPL
 #define TORCH_TPU_IMPL(name, op) m.impl(name, TORCH_FN((InPlace<at::_ops::op>::call)));

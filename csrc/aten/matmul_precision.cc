@@ -8,6 +8,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "aten/host_matmul.h"
+
 namespace torch_tpu {
 namespace {
 
@@ -159,7 +161,7 @@ void call_with_matmul_precision(const c10::OperatorHandle& op, torch::jit::Stack
   if (precision == at::Float32MatmulPrecision::HIGHEST) {
     // Read now, on the thread that runs the kernel: what ATen's CPU kernel will do.
     if (at::globalContext().float32MatmulPrecision() == at::Float32MatmulPrecision::HIGHEST) {
-      op.callBoxed(stack);
+      if (!call_mm_out_in_faster_order(op, stack)) op.callBoxed(stack);
     } else {
       call_in_float64(op, stack, *ops, out_arg >= 0 ? out_arg : (in_place ? 0 : -1));
     }

@@ -22,6 +22,35 @@ def test_highest_is_exact_fp32(precision):
     torch.testing.assert_close((a.tpu() @ b.tpu()).cpu(), a @ b)
 
 
+@pytest.mark.parametrize(
+    "rows,cols,weight_layout",
+    [(4, 8192, "linear"), (2, 8192, "linear"), (8, 8200, "linear"), (1, 8192, "linear"), (9, 8192, "linear"),
+     (4, 8191, "linear"), (4, 8192, "contiguous")],
+)
+def test_a_few_rows_against_a_large_weight_are_as_accurate_as_cpu(precision, rows, cols, weight_layout):
+    # 2-8 rows by a transposed [N >= 8192, K] weight (a decode step's vocabulary projection) run in
+    # another order than ATen's (csrc/aten/host_matmul.h); the shapes around the bounds do not.
+    precision("highest")
+    torch.manual_seed(2)
+    x = torch.randn(rows, 512)
+    w = torch.randn(cols, 512) if weight_layout == "linear" else torch.randn(512, cols)
+    b = w.t() if weight_layout == "linear" else w
+    exact = x.double() @ b.double()
+
+    def forms(x, w, b):  # the same product called as a user would: each form is its own CPU oracle
+        out = torch.full((cols, rows), float("nan"), device=x.device).t()  # out= in another layout
+        torch.mm(x, b, out=out)
+        linear = F.linear(x.unsqueeze(1), w).squeeze(1) if weight_layout == "linear" else x @ b
+        return [x @ b, x @ b, x @ b, out, linear]  # the first call is validated, the later ones kept
+
+    got = [t.cpu() for t in forms(x.tpu(), w.tpu(), b.tpu())]
+    for g, cpu in zip(got, forms(x, w, b)):  # sums of 512 products in another order: rounding apart
+        torch.testing.assert_close(g, cpu, atol=1e-4, rtol=1e-5)
+        assert (g.double() - exact).abs().mean() <= 1.25 * (cpu.double() - exact).abs().mean()
+    for g in got[1:3]:
+        torch.testing.assert_close(g, got[0], atol=0, rtol=0)  # the kept calls compute as the first
+
+
 @pytest.mark.parametrize("op", ["mm", "addmm", "bmm", "baddbmm", "linear"])
 def test_medium_rounds_inputs_to_bf16(precision, op):
     precision("medium")
