@@ -51,6 +51,20 @@ def test_a_few_rows_against_a_large_weight_are_as_accurate_as_cpu(precision, row
         torch.testing.assert_close(g, got[0], atol=0, rtol=0)  # the kept calls compute as the first
 
 
+def test_a_few_rows_into_an_out_that_overlaps_an_operand_give_cpus_result(precision):
+    # The reordered product (csrc/aten/host_matmul.h) steps aside: ATen's kernel, as on CPU.
+    precision("highest")
+    torch.manual_seed(3)
+    b = torch.randn(8192, 512).t()
+    results = []
+    for dev in ("cpu", "tpu"):
+        buf = torch.randn(4, 8192, generator=torch.Generator().manual_seed(1)).to(dev)
+        for _ in range(2):  # the validated first call, then the kept one
+            torch.mm(buf[:, :512], b.to(dev), out=buf)
+        results.append(buf.cpu())
+    torch.testing.assert_close(results[1], results[0], atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("op", ["mm", "addmm", "bmm", "baddbmm", "linear"])
 def test_medium_rounds_inputs_to_bf16(precision, op):
     precision("medium")
