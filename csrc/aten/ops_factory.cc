@@ -27,10 +27,16 @@ c10::DeviceIndex index_of(c10::optional<c10::Device> device) {
   return resolve_index(device.has_value() && device->has_index() ? device->index() : -1);
 }
 
-// A composite op's result (clone's empty_like) waits for the run-ahead bound before it is
-// allocated, as an op's own results do (wait_run_ahead_before_allocating).
-void wait_run_ahead(c10::IntArrayRef size, c10::IntArrayRef stride, c10::ScalarType dtype, c10::DeviceIndex device) {
-  wait_run_ahead_before_allocating(device, at::detail::computeStorageNbytes(size, stride, c10::elementSize(dtype)));
+// empty_tpu() for a composite op's result (clone's empty_like): waits for the run-ahead bound
+// before it allocates, as an op's own results do (wait_run_ahead_before_allocating).
+at::Tensor empty_after_run_ahead(c10::IntArrayRef size, c10::IntArrayRef stride, c10::ScalarType dtype,
+                                 c10::DeviceIndex device) {
+  chip(device);  // validates the index before anything waits or is allocated
+  size_t nbytes;
+  uint64_t physical;
+  tpu_buffer_bytes(size, stride, c10::elementSize(dtype), &nbytes, &physical);
+  wait_run_ahead_before_allocating(device, nbytes);
+  return empty_tpu_bytes(size, stride, dtype, device, nbytes, physical);
 }
 
 at::Tensor empty_strided_tpu(c10::IntArrayRef size, c10::IntArrayRef stride, c10::optional<c10::ScalarType> dtype,
@@ -38,10 +44,7 @@ at::Tensor empty_strided_tpu(c10::IntArrayRef size, c10::IntArrayRef stride, c10
                              c10::optional<bool> pin_memory) {
   check_options(layout, device, pin_memory);
   for (auto s : size) TORCH_CHECK(s >= 0, "empty_strided: negative dimension ", s, " in size ", size);
-  const auto type = dtype.value_or(c10::get_default_dtype_as_scalartype());
-  const auto index = index_of(device);
-  wait_run_ahead(size, stride, type, index);
-  return empty_tpu(size, stride, type, index);
+  return empty_after_run_ahead(size, stride, dtype.value_or(c10::get_default_dtype_as_scalartype()), index_of(device));
 }
 
 at::Tensor empty_memory_format_tpu(c10::IntArrayRef size, c10::optional<c10::ScalarType> dtype,
@@ -49,11 +52,8 @@ at::Tensor empty_memory_format_tpu(c10::IntArrayRef size, c10::optional<c10::Sca
                                    c10::optional<bool> pin_memory, c10::optional<c10::MemoryFormat> memory_format) {
   check_options(layout, device, pin_memory);
   for (auto s : size) TORCH_CHECK(s >= 0, "empty: negative dimension ", s, " in size ", size);
-  const auto type = dtype.value_or(c10::get_default_dtype_as_scalartype());
-  const auto index = index_of(device);
-  const auto strides = c10::contiguous_strides(size);
-  wait_run_ahead(size, strides, type, index);
-  auto t = empty_tpu(size, strides, type, index);
+  auto t = empty_after_run_ahead(size, c10::contiguous_strides(size),
+                                 dtype.value_or(c10::get_default_dtype_as_scalartype()), index_of(device));
   auto format = memory_format.value_or(c10::MemoryFormat::Contiguous);
   if (format != c10::MemoryFormat::Contiguous) t.unsafeGetTensorImpl()->empty_tensor_restride(format);
   return t;
