@@ -17,7 +17,8 @@ namespace torch_tpu {
 // takes 3-6x as long as reading w once; computed as out^T = w @ a^T into a
 // temporary (M x N floats, host memory) and copied into `out`, w is read once
 // (bench/README.md, "lm_head"). Returns false, having done nothing, for any
-// other product (dtype, rank, layout, shape): the caller runs ATen's kernel.
+// other product (dtype, rank, layout, shape), and always on an Intel CPU, where
+// MKL does not repack w and sums more accurately: the caller runs ATen's kernel.
 // `out` must have shape [M, N] and not overlap a or b (the out= rules).
 bool mm_few_rows_by_transposed(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);
 

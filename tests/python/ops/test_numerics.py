@@ -24,7 +24,7 @@ def test_highest_is_exact_fp32(precision):
 
 @pytest.mark.parametrize(
     "rows,cols,weight_layout",
-    [(4, 8192, "linear"), (2, 8192, "linear"), (8, 8200, "linear"), (1, 8192, "linear"), (9, 8192, "linear"),
+    [(4, 8192, "linear"), (2, 8192, "linear"), (7, 8192, "linear"), (8, 8200, "linear"), (1, 8192, "linear"), (9, 8192, "linear"),
      (4, 8191, "linear"), (4, 8192, "contiguous")],
 )
 def test_a_few_rows_against_a_large_weight_are_as_accurate_as_cpu(precision, rows, cols, weight_layout):
@@ -62,7 +62,8 @@ def test_a_few_rows_into_an_out_that_overlaps_an_operand_give_cpus_result(precis
         for _ in range(2):  # the validated first call, then the kept one
             torch.mm(buf[:, :512], b.to(dev), out=buf)
         results.append(buf.cpu())
-    torch.testing.assert_close(results[1], results[0], atol=0, rtol=0)
+    # equal_nan: on an Intel CPU, MKL's product into its own operand is all NaN.
+    torch.testing.assert_close(results[1], results[0], atol=0, rtol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("op", ["mm", "addmm", "bmm", "baddbmm", "linear"])
