@@ -24,8 +24,8 @@ def test_highest_is_exact_fp32(precision):
 
 @pytest.mark.parametrize(
     "rows,cols,weight_layout",
-    [(4, 8192, "linear"), (2, 8192, "linear"), (7, 8192, "linear"), (8, 8200, "linear"), (1, 8192, "linear"), (9, 8192, "linear"),
-     (4, 8191, "linear"), (4, 8192, "contiguous")],
+    [(4, 8192, "linear"), (2, 8192, "linear"), (7, 8192, "linear"), (8, 8200, "linear"), (1, 8192, "linear"),
+     (9, 8192, "linear"), (4, 8191, "linear"), (4, 8192, "contiguous")],
 )
 def test_a_few_rows_against_a_large_weight_are_as_accurate_as_cpu(precision, rows, cols, weight_layout):
     # 2-8 rows by a transposed [N >= 8192, K] weight (a decode step's vocabulary projection) run in
