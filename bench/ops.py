@@ -73,11 +73,29 @@ def ops(n: int):
     ]
 
 
-def measure(fn, args, iters, repeats, sync):
-    # First let the other side's idle OpenMP threads stop spinning (libgomp spins ~3 ms). Not
-    # much longer: after 20 ms idle, one sample in five ran 5-10x slow on a 2-vCPU VM (its
-    # OpenMP thread's vCPU slow to come back), at 5-10 ms none did.
-    time.sleep(0.005)
+def wait_until_idle(pid, least_s=0.005, most_s=0.2):
+    """Sleeps until no thread of process `pid` is running (at least `least_s`, at most `most_s`).
+
+    After its last parallel kernel, the other side's idle OpenMP threads spin (libgomp: 3 ms on
+    one VM, 8-10 ms on another) and would take a core from this side's sample. Not much longer
+    than needed: after 20 ms idle, one sample in five ran 5-10x slow on a 2-vCPU VM (its OpenMP
+    thread's vCPU slow to come back), at 5-10 ms none did. Without /proc: `least_s`.
+    """
+    start = time.perf_counter()
+    time.sleep(least_s)
+    tasks = f"/proc/{pid}/task"
+    while time.perf_counter() - start < most_s:
+        try:
+            states = [open(f"{tasks}/{t}/stat").read().rpartition(")")[2].split()[0] for t in os.listdir(tasks)]
+        except OSError:
+            return
+        if "R" not in states:
+            return
+        time.sleep(0.0005)
+
+
+def measure(fn, args, iters, repeats, sync, other_pid):
+    wait_until_idle(other_pid)
     fn(*args)
     sync()
     samples = []
@@ -128,7 +146,7 @@ def main():
             cpu_samples, tpu_samples = [], []
             for _ in range(a.repeats):
                 cpu_samples.append(peer.measure(n, index, iters, 1))
-                tpu_samples.append(measure(fn, tpu_args, iters, 1, torch.tpu.synchronize))
+                tpu_samples.append(measure(fn, tpu_args, iters, 1, torch.tpu.synchronize, peer.child.pid))
             c, t = statistics.median(cpu_samples), statistics.median(tpu_samples)
             ratios.setdefault(n, []).append(t / c)
             print(f"{name:22} {n:5d} {t * 1e6:10.1f} {c * 1e6:10.1f} {t / c:8.2f}", flush=True)
@@ -156,7 +174,7 @@ def serve_cpu_peer():
         n, index, iters, repeats = map(int, line.split())
         _, fn, make = ops(n)[index]
         torch.manual_seed(0)
-        print(measure(fn, make("cpu"), iters, repeats, lambda: None), flush=True)
+        print(measure(fn, make("cpu"), iters, repeats, lambda: None, os.getppid()), flush=True)
 
 
 def ab(a):
