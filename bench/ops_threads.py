@@ -2,10 +2,11 @@
 
 For each op, issues `--iters` calls on tpu and reads the kernel's per-thread scheduler counters
 (/proc/self/task/*/schedstat and status) before and after: wall time per call, CPU time of the
-whole process per call, the calling thread's CPU time and sleeps per call, and how often the
-stream worker or its OpenMP helper was preempted per call. Unlike wall time, the counts barely
-move with machine load, so they show a change in how the threads share the cores (e.g. the
-run-ahead wait's wake-ups) on a loaded machine. Linux only.
+whole process per call, the calling thread's CPU time and sleeps per call, how often the stream
+worker or its OpenMP helper was preempted per call and how long they waited, runnable, for a core
+per call (schedstat's run-queue wait: time the kernel's threads lost, e.g. to the calling thread).
+Unlike wall time, the counts barely move with machine load, so they show a change in how the
+threads share the cores (e.g. the run-ahead wait's wake-ups) on a loaded machine. Linux only.
 
 Run: python bench/ops_threads.py [--sizes 1024] [--iters 400] [--ops exp,add]
 Best of `--repeats` runs (by wall time) per op.
@@ -36,15 +37,16 @@ def ops(n):
 
 
 def counters():
-    """tid -> (CPU ns, voluntary switches, involuntary switches) for this process's threads."""
+    """tid -> (CPU ns, voluntary switches, involuntary switches, run-queue wait ns) per thread."""
     out = {}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
-                ns = int(f.read().split()[0])
+                ns, waited = map(int, f.read().split()[:2])
             with open(f"/proc/self/task/{tid}/status") as f:
                 status = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
-            out[int(tid)] = (ns, int(status["voluntary_ctxt_switches"]), int(status["nonvoluntary_ctxt_switches"]))
+            switches = int(status["voluntary_ctxt_switches"]), int(status["nonvoluntary_ctxt_switches"])
+            out[int(tid)] = (ns, *switches, waited)
         except FileNotFoundError:  # a thread that ended meanwhile
             pass
     return out
@@ -60,7 +62,7 @@ def main():
     import torch_tpu  # noqa: F401
 
     me = os.getpid()  # the calling thread's tid
-    cols = ("wall us", "process cpu us", "caller cpu us", "caller sleeps", "worker preempted")
+    cols = ("wall us", "process cpu us", "caller cpu us", "caller sleeps", "worker preempted", "chip runq-wait us")
     print(f"{'op':12} {'n':>5} " + " ".join(f"{c:>16}" for c in cols))
     for n in [int(s) for s in a.sizes.split(",")]:
         for name, (make, fn) in ops(n).items():
@@ -86,6 +88,7 @@ def main():
                     d[me][0] / a.iters / 1e3,
                     d[me][1] / a.iters,
                     sum(v[2] for t, v in d.items() if t != me) / a.iters,
+                    sum(v[3] for t, v in d.items() if t != me) / a.iters / 1e3,
                 )
                 best = row if best is None or row[0] < best[0] else best
             print(f"{name:12} {n:5d} " + " ".join(f"{v:16.2f}" for v in best), flush=True)

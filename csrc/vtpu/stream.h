@@ -74,8 +74,10 @@ class Stream {
   // wait through their blocking runner (the GIL: queued Python kernels).
   bool run_ahead_exceeded(uint64_t fresh_bytes) const;
   // Waits, when run_ahead_exceeded(fresh_bytes), until the pending fresh bytes
-  // fall to half of run_ahead_bytes() (or one sized item, or a kUnsized one, is
-  // left): one wake-up per several queued ops rather than one per op.
+  // fall to a quarter of run_ahead_bytes() (or no sized item is left, or a
+  // kUnsized one is pending): one wake-up per several queued ops rather than
+  // one per op. The worker then idles from the last item until the caller
+  // queues the next, once per wake-up instead of being preempted once per op.
   void wait_run_ahead(uint64_t fresh_bytes);
   // Whether a caller is waiting in wait_run_ahead() now.
   bool run_ahead_waiting() const;

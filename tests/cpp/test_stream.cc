@@ -261,7 +261,7 @@ TEST(StreamRunAhead, ExceededOnceTwoSizedItemsPassTheBound) {
   EXPECT_EQ(ran.load(), 0);
   release = true;
   producer.join();
-  EXPECT_GE(ran.load(), 1);  // it went in once the worker had finished the gated item
+  EXPECT_GE(ran.load(), 2);  // it went in once the worker had finished both pending items
   stream.synchronize();
   EXPECT_EQ(ran.load(), 3);
 
@@ -320,40 +320,76 @@ TEST(StreamRunAhead, WorkQueuedFromTheWorkerNeverWaits) {
 }
 
 // Hysteresis: a caller that had to wait goes on only once the pending fresh bytes are down to
-// half the bound (so one wake-up queues several ops), not as soon as the next op would fit.
-TEST(StreamRunAhead, WaitResumesAtHalfTheBound) {
+// a quarter of the bound (so one wake-up queues several ops), not as soon as the next op would fit.
+TEST(StreamRunAhead, WaitResumesAtAQuarterOfTheBound) {
   vtpu::Stream stream(0, 12);
-  const uint64_t quarter = vtpu::Stream::kRunAheadBytes / 4;
+  const uint64_t eighth = vtpu::Stream::kRunAheadBytes / 8;
   std::atomic<int> released{0}, ran{0};
-  for (int i = 0; i < 4; ++i) {  // the bound full: four items of a quarter each, the k-th gated
+  for (int i = 0; i < 8; ++i) {  // the bound full: eight items of an eighth each, the k-th gated
     stream.enqueue_named(
         "gated",
         [&, i] {
           while (released.load() <= i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
           ran.fetch_add(1);
         },
-        quarter);
+        eighth);
   }
-  ASSERT_TRUE(stream.run_ahead_exceeded(quarter));
+  ASSERT_TRUE(stream.run_ahead_exceeded(eighth));
   std::atomic<bool> went_on{false};
   std::thread producer([&] {
-    stream.wait_run_ahead(quarter);
+    stream.wait_run_ahead(eighth);
     went_on = true;
   });
   while (!stream.run_ahead_waiting()) std::this_thread::yield();  // it waits before any item is done
-  released = 1;  // three quarters pending: the next item would fit, but the caller waits on
+  released = 1;  // seven eighths pending: the next item would fit, but the caller waits on
   while (ran.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(went_on.load());
-  EXPECT_FALSE(stream.run_ahead_exceeded(quarter));  // a caller that was not waiting would not wait
-  // Half pending: it goes on.
-  released = 2;
+  EXPECT_FALSE(stream.run_ahead_exceeded(eighth));  // a caller that was not waiting would not wait
+  released = 4;  // half pending: still waiting
+  while (ran.load() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(went_on.load());
+  // A quarter pending: it goes on.
+  released = 6;
   producer.join();
   EXPECT_TRUE(went_on.load());
-  EXPECT_GE(ran.load(), 2);
-  released = 4;
+  EXPECT_GE(ran.load(), 6);
+  released = 8;
   stream.synchronize();
-  EXPECT_EQ(ran.load(), 4);
+  EXPECT_EQ(ran.load(), 8);
+}
+
+// Results of half the bound or more: a caller that had to wait goes on once none is pending
+// (one wake-up per two ops), not while one is still running.
+TEST(StreamRunAhead, WaitForLargeResultsResumesWhenNoneIsPending) {
+  vtpu::Stream stream(0, 15);
+  const uint64_t half = vtpu::Stream::kRunAheadBytes / 2;
+  std::atomic<int> released{0}, ran{0};
+  for (int i = 0; i < 2; ++i) {
+    stream.enqueue_named(
+        "gated",
+        [&, i] {
+          while (released.load() <= i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          ran.fetch_add(1);
+        },
+        half);
+  }
+  ASSERT_TRUE(stream.run_ahead_exceeded(half));
+  std::atomic<bool> went_on{false};
+  std::thread producer([&] {
+    stream.wait_run_ahead(half);
+    went_on = true;
+  });
+  while (!stream.run_ahead_waiting()) std::this_thread::yield();
+  released = 1;  // one pending: the next would fit, the caller waits on
+  while (ran.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(went_on.load());
+  released = 2;
+  producer.join();
+  EXPECT_EQ(ran.load(), 2);
+  stream.synchronize();
 }
 
 // synchronize() and wait_idle() poll briefly before they sleep (Stream::kSyncSpinMicroseconds):
