@@ -346,7 +346,8 @@ TEST(StreamRunAhead, WaitResumesAtAQuarterOfTheBound) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(went_on.load());
   EXPECT_FALSE(stream.run_ahead_exceeded(eighth));  // a caller that was not waiting would not wait
-  released = 4;                                     // half pending: still waiting
+  // Half pending: still waiting.
+  released = 4;
   while (ran.load() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(went_on.load());
