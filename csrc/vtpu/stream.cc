@@ -89,7 +89,8 @@ void Stream::wait_run_ahead(uint64_t fresh_bytes) {
   // wake-up lets the caller queue several ops instead of one per op. Every
   // wake-up takes a core from the worker's kernels on a machine as small as its
   // OpenMP team; at 4 MiB results a wake-up per two ops instead of one cut the
-  // calling thread's CPU time per op from 13-19 to 7-10 us (bench/README.md).
+  // calling thread's CPU time per op for add, cat, embedding from 13-19 to 7-10
+  // us (bench/README.md, 2026-12-03).
   while (!run_ahead_caught_up()) {
     run_ahead_waiter_ = true;
     caught_up_cv_.wait(lock);
