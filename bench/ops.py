@@ -86,7 +86,10 @@ def wait_until_idle(pid, least_s=0.005, most_s=0.2):
     tasks = f"/proc/{pid}/task"
     while time.perf_counter() - start < most_s:
         try:
-            states = [open(f"{tasks}/{t}/stat").read().rpartition(")")[2].split()[0] for t in os.listdir(tasks)]
+            states = []
+            for t in os.listdir(tasks):
+                with open(f"{tasks}/{t}/stat") as f:
+                    states.append(f.read().rpartition(")")[2].split()[0])  # state follows "(comm)"
         except OSError:
             return
         if "R" not in states:

@@ -77,7 +77,8 @@ bool Stream::run_ahead_exceeded(uint64_t fresh_bytes) const {
 }
 
 bool Stream::run_ahead_caught_up() const {
-  return unsized_items_.load(std::memory_order_relaxed) > 0 || sized_items_.load(std::memory_order_relaxed) == 0 ||
+  // With no sized item pending, sized_bytes_ is 0: results of half the bound or more go on only then.
+  return unsized_items_.load(std::memory_order_relaxed) > 0 ||
          sized_bytes_.load(std::memory_order_relaxed) <= run_ahead_bytes() / 4;
 }
 

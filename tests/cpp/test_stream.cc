@@ -319,21 +319,35 @@ TEST(StreamRunAhead, WorkQueuedFromTheWorkerNeverWaits) {
   EXPECT_EQ(ran.load(), 4);
 }
 
-// Hysteresis: a caller that had to wait goes on only once the pending fresh bytes are down to
-// a quarter of the bound (so one wake-up queues several ops), not as soon as the next op would fit.
-TEST(StreamRunAhead, WaitResumesAtAQuarterOfTheBound) {
-  vtpu::Stream stream(0, 12);
-  const uint64_t eighth = vtpu::Stream::kRunAheadBytes / 8;
-  std::atomic<int> released{0}, ran{0};
-  for (int i = 0; i < 8; ++i) {  // the bound full: eight items of an eighth each, the k-th gated
+// Queues `count` items of `bytes` fresh bytes each; the i-th runs once `released` > i, then counts
+// itself in `ran`.
+void enqueue_gated(vtpu::Stream& stream, int count, uint64_t bytes, std::atomic<int>& released, std::atomic<int>& ran) {
+  for (int i = 0; i < count; ++i) {
     stream.enqueue_named(
         "gated",
         [&, i] {
           while (released.load() <= i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
           ran.fetch_add(1);
         },
-        eighth);
+        bytes);
   }
+}
+
+// Lets the first `k` gated items run, waits for them and a little longer (time for a waiter that
+// should not go on to do so).
+void release_and_settle(int k, std::atomic<int>& released, const std::atomic<int>& ran) {
+  released = k;
+  while (ran.load() < k) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+// Hysteresis: a caller that had to wait goes on only once the pending fresh bytes are down to
+// a quarter of the bound (so one wake-up queues several ops), not as soon as the next op would fit.
+TEST(StreamRunAhead, WaitResumesAtAQuarterOfTheBound) {
+  vtpu::Stream stream(0, 12);
+  const uint64_t eighth = vtpu::Stream::kRunAheadBytes / 8;
+  std::atomic<int> released{0}, ran{0};
+  enqueue_gated(stream, 8, eighth, released, ran);  // the bound full: eight items of an eighth each
   ASSERT_TRUE(stream.run_ahead_exceeded(eighth));
   std::atomic<bool> went_on{false};
   std::thread producer([&] {
@@ -341,15 +355,12 @@ TEST(StreamRunAhead, WaitResumesAtAQuarterOfTheBound) {
     went_on = true;
   });
   while (!stream.run_ahead_waiting()) std::this_thread::yield();  // it waits before any item is done
-  released = 1;  // seven eighths pending: the next item would fit, but the caller waits on
-  while (ran.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Seven eighths pending: the next item would fit, but the caller waits on.
+  release_and_settle(1, released, ran);
   EXPECT_FALSE(went_on.load());
   EXPECT_FALSE(stream.run_ahead_exceeded(eighth));  // a caller that was not waiting would not wait
   // Half pending: still waiting.
-  released = 4;
-  while (ran.load() < 4) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  release_and_settle(4, released, ran);
   EXPECT_FALSE(went_on.load());
   // A quarter pending: it goes on.
   released = 6;
@@ -367,15 +378,7 @@ TEST(StreamRunAhead, WaitForLargeResultsResumesWhenNoneIsPending) {
   vtpu::Stream stream(0, 15);
   const uint64_t half = vtpu::Stream::kRunAheadBytes / 2;
   std::atomic<int> released{0}, ran{0};
-  for (int i = 0; i < 2; ++i) {
-    stream.enqueue_named(
-        "gated",
-        [&, i] {
-          while (released.load() <= i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          ran.fetch_add(1);
-        },
-        half);
-  }
+  enqueue_gated(stream, 2, half, released, ran);
   ASSERT_TRUE(stream.run_ahead_exceeded(half));
   std::atomic<bool> went_on{false};
   std::thread producer([&] {
@@ -383,9 +386,7 @@ TEST(StreamRunAhead, WaitForLargeResultsResumesWhenNoneIsPending) {
     went_on = true;
   });
   while (!stream.run_ahead_waiting()) std::this_thread::yield();
-  released = 1;  // one pending: the next would fit, the caller waits on
-  while (ran.load() < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  release_and_settle(1, released, ran);  // one pending: the next would fit, the caller waits on
   EXPECT_FALSE(went_on.load());
   released = 2;
   producer.join();
