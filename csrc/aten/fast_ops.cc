@@ -257,12 +257,17 @@ class FastOp {
   // Queues `work(out recipe)` for a fresh result laid out as `e` says.
   template <typename MakeWork>
   at::Tensor run_out(FastEntry& e, c10::DeviceIndex device, MakeWork&& make_work) const {
-    // Wait for the run-ahead bound before allocating, not after: the wait frees the blocks of
-    // results the caller already dropped, so this one reuses them (cache-warm) as on CPU.
     vtpu::Stream& stream = current_vtpu_stream(device);
-    wait_run_ahead_before_allocating(stream, e.nbytes);
-    at::Tensor out = empty_tpu_bytes(e.sizes, e.strides, e.dtype, device, e.nbytes, e.physical);
-    queue(e, stream, device, e.nbytes, make_work(TensorRecipe::of(out)));
+    // A result the caller dropped while this stream's work still uses it is reused at once in
+    // stream order, cache-warm as CPU eager's just-freed buffer: no fresh bytes, no wait.
+    c10::DataPtr block = tpu_allocator().reuse_on(device, e.nbytes, e.physical, stream);
+    const uint64_t fresh_bytes = block ? 0 : e.nbytes;
+    // Otherwise wait for the run-ahead bound before allocating, not after: the wait lets the
+    // worker finish with the blocks of results the caller already dropped.
+    if (!block) wait_run_ahead_before_allocating(stream, e.nbytes);
+    at::Tensor out = block ? tpu_tensor_in(std::move(block), e.sizes, e.strides, e.dtype, e.nbytes)
+                           : empty_tpu_bytes(e.sizes, e.strides, e.dtype, device, e.nbytes, e.physical);
+    queue(e, stream, device, fresh_bytes, make_work(stream_ordered_recipe(out, stream)));
     return out;
   }
   template <typename Work>
@@ -317,7 +322,7 @@ class FastOp {
 
 // A tensor argument as queued work keeps it (host scalars: a snapshot of their value).
 TensorRecipe recipe(const at::Tensor& t) {
-  if (t.device().type() == kTPU) return TensorRecipe::of(t);
+  if (t.device().type() == kTPU) return stream_ordered_recipe(t, current_vtpu_stream(t.device().index()));
   TensorRecipe r = dense_host_snapshot(t);
   if (!r.storage) r = TensorRecipe::of(t.clone());
   r.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
@@ -332,7 +337,7 @@ TensorRecipe recipe(const at::Tensor& t) {
 class Host {
  public:
   at::Tensor operator()(const TensorRecipe& r) {
-    const c10::StorageImpl* key = r.storage.unsafeGetStorageImpl();
+    const c10::StorageImpl* key = r.storage_identity();
     const c10::Storage* shared = nullptr;
     for (const auto& [k, st] : storages_) {
       if (k == key) shared = &st;
@@ -359,17 +364,17 @@ class Host {
     c10::Storage storage;
     if (shared) {
       storage = *shared;
-    } else if (r.storage.device_type() == c10::kCPU) {
+    } else if (r.on_host()) {
       storage = r.storage;  // already host memory (a host scalar's snapshot)
     } else if (impl->storage().use_count() == 1) {
       c10::StorageImpl* own = impl->storage().unsafeGetStorageImpl();
-      own->set_data_ptr_noswap(c10::DataPtr(const_cast<void*>(r.storage.data()), c10::Device(c10::kCPU)));
-      own->set_nbytes(r.storage.nbytes());
+      own->set_data_ptr_noswap(c10::DataPtr(r.data(), c10::Device(c10::kCPU)));
+      own->set_nbytes(r.nbytes());
       storage = impl->storage();
     } else {
-      storage = c10::Storage(c10::Storage::use_byte_size_t(), r.storage.nbytes(),
-                             c10::DataPtr(const_cast<void*>(r.storage.data()), c10::Device(c10::kCPU)),
-                             /*allocator=*/nullptr, /*resizable=*/false);
+      storage =
+          c10::Storage(c10::Storage::use_byte_size_t(), r.nbytes(), c10::DataPtr(r.data(), c10::Device(c10::kCPU)),
+                       /*allocator=*/nullptr, /*resizable=*/false);
     }
     if (impl->is_wrapped_number()) impl->set_wrapped_number(false);
     impl->set_storage_and_dtype(storage, r.dtype);

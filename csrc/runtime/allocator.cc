@@ -3,6 +3,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -11,7 +12,9 @@
 #include "runtime/device.h"
 #include "runtime/dry_run.h"
 #include "runtime/errors.h"
+#include "runtime/host_alias.h"
 #include "vtpu/layout.h"
+#include "vtpu/stream.h"
 
 namespace torch_tpu {
 namespace {
@@ -22,6 +25,12 @@ struct BlockContext {
   std::atomic<bool> undefined{false};  // values never computed (a dry run) or donated
   std::mutex donor_mutex;
   std::string donor;  // the op it was donated to; empty for a dry run
+  // Streams whose queued work reaches the block without holding its storage (stream-ordered
+  // recipes): the free waits for their work in stream order. The first is read without the
+  // lock; the count and the rest are written under donor_mutex.
+  std::atomic<vtpu::Stream*> first_stream{nullptr};
+  size_t stream_count = 0;
+  std::array<vtpu::Stream*, vtpu::HbmAllocator::kMaxStreamUses> streams{};
 };
 
 // Live storages with `undefined` set: the checks cost one load while this is 0.
@@ -30,8 +39,32 @@ std::atomic<int64_t> undefined_storages{0};
 void free_block(void* ctx) {
   auto* c = static_cast<BlockContext*>(ctx);
   if (c->undefined.load(std::memory_order_relaxed)) undefined_storages.fetch_sub(1);
-  c->hbm->free(c->block);
+  if (c->first_stream.load(std::memory_order_acquire) == nullptr) {
+    c->hbm->free(c->block);
+  } else {
+    std::array<vtpu::StreamUse, vtpu::HbmAllocator::kMaxStreamUses> uses;
+    size_t n;
+    {
+      std::lock_guard<std::mutex> lock(c->donor_mutex);
+      n = c->stream_count;
+      for (size_t i = 0; i < n; ++i) uses[i] = vtpu::StreamUse{c->streams[i], c->streams[i]->enqueued_count()};
+    }
+    c->hbm->free_after(c->block, uses.data(), n);
+  }
   delete c;
+}
+
+// Notes that `stream`'s queued work will reach `c`'s block; false when that is one stream too many.
+bool note_stream_use(BlockContext* c, vtpu::Stream& stream) {
+  if (c->first_stream.load(std::memory_order_relaxed) == &stream) return true;
+  std::lock_guard<std::mutex> lock(c->donor_mutex);
+  for (size_t i = 0; i < c->stream_count; ++i) {
+    if (c->streams[i] == &stream) return true;
+  }
+  if (c->stream_count == c->streams.size()) return false;
+  c->streams[c->stream_count++] = &stream;
+  if (c->stream_count == 1) c->first_stream.store(&stream, std::memory_order_release);
+  return true;
 }
 
 BlockContext* context_of(const c10::DataPtr& dp) {
@@ -43,6 +76,13 @@ BlockContext* context_of(const c10::Storage& s) { return s ? context_of(s.data_p
 
 void set_flag(BlockContext* c, bool v) {
   if (c && c->undefined.exchange(v) != v) undefined_storages.fetch_add(v ? 1 : -1);
+}
+
+c10::DataPtr data_ptr_of(vtpu::HbmAllocator& hbm, vtpu::Block* block, c10::Device dev) {
+  void* data = vtpu::HbmAllocator::data(block);
+  auto* ctx = new BlockContext{&hbm, block};
+  if (dry_run()) set_flag(ctx, true);
+  return c10::DataPtr(data, ctx, &free_block, dev);
 }
 
 const c10::Storage* storage_of(const at::Tensor& t) {
@@ -61,10 +101,22 @@ c10::DataPtr TPUAllocator::allocate_on(c10::DeviceIndex device, size_t nbytes, u
   if (nbytes == 0) return c10::DataPtr(nullptr, dev);
   auto& hbm = chip(device).hbm();
   vtpu::Block* block = translate_errors([&] { return hbm.allocate(nbytes, physical); });
-  void* data = vtpu::HbmAllocator::data(block);
-  auto* ctx = new BlockContext{&hbm, block};
-  if (dry_run()) set_flag(ctx, true);
-  return c10::DataPtr(data, ctx, &free_block, dev);
+  return data_ptr_of(hbm, block, dev);
+}
+
+c10::DataPtr TPUAllocator::reuse_on(c10::DeviceIndex device, size_t nbytes, uint64_t physical, vtpu::Stream& stream) {
+  c10::Device dev(kTPU, device);
+  if (nbytes == 0 || dry_run()) return c10::DataPtr(nullptr, dev);
+  auto& hbm = chip(device).hbm();
+  vtpu::Block* block = hbm.reuse_on_stream(nbytes, physical, stream);
+  return block ? data_ptr_of(hbm, block, dev) : c10::DataPtr(nullptr, dev);
+}
+
+TensorRecipe stream_ordered_recipe(const at::Tensor& t, vtpu::Stream& stream) {
+  const c10::Storage& s = t.storage();
+  BlockContext* c = context_of(s);
+  if (c ? !note_stream_use(c, stream) : s.nbytes() != 0) return TensorRecipe::of(t);
+  return TensorRecipe::of_unowned(t);
 }
 
 bool any_undefined() { return undefined_storages.load(std::memory_order_relaxed) > 0; }
@@ -173,5 +225,12 @@ TPUAllocator& tpu_allocator() {
 }
 
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &tpu_allocator());
+
+// An allocation that waits for streams' queued work (to reuse blocks freed in stream order)
+// waits as every wait for a chip does: without the GIL, which queued Python kernels need.
+const bool stream_waiter_installed = [] {
+  vtpu::HbmAllocator::set_stream_waiter([](vtpu::Stream& s) { run_blocking([&] { s.wait_idle(); }); });
+  return true;
+}();
 
 }  // namespace torch_tpu

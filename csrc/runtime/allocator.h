@@ -7,10 +7,14 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/host_alias.h"
 #include "vtpu/hbm_allocator.h"
 
 namespace at {
 class Tensor;
+}
+namespace vtpu {
+class Stream;
 }
 
 namespace torch_tpu {
@@ -38,12 +42,16 @@ class TPUAllocator final : public c10::DeviceAllocator {
   // A tensor's storage on `device`: `physical` is its tiled size (layout.h).
   // Raises torch.OutOfMemoryError naming request, capacity, usage, free block.
   c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes, uint64_t physical);
+  // For a result only work queued next on `stream` writes first: a block freed in stream
+  // order on it (vtpu::HbmAllocator::reuse_on_stream), or an empty DataPtr when none fits.
+  c10::DataPtr reuse_on(c10::DeviceIndex device, size_t nbytes, uint64_t physical, vtpu::Stream& stream);
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
   bool initialized() override { return true; }
   void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
-  void recordStream(const c10::DataPtr&, c10::Stream) override {}  // work holds its storages
+  // Work holds its storages (TensorRecipe), or frees them in stream order (stream_ordered_recipe).
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;
   void resetPeakStats(c10::DeviceIndex device) override;
@@ -51,6 +59,16 @@ class TPUAllocator final : public c10::DeviceAllocator {
 };
 
 TPUAllocator& tpu_allocator();
+
+// What work queued on `stream` keeps of `t` when the stream orders its memory's reuse: the
+// bytes, not the storage (TensorRecipe::of_unowned). When the last reference to the storage
+// goes, its block is freed after `stream`'s work queued by then (HbmAllocator::free_after),
+// as CUDA's caching allocator frees a block on the stream it was allocated on; until then
+// only later results on that stream reuse it. Falls back to TensorRecipe::of (the work holds
+// the storage) for storages this allocator did not make, or used by too many streams.
+// Work that holds such a recipe must not outlive its stream's order (no waits on events of
+// other streams that could let a later reuse run first).
+TensorRecipe stream_ordered_recipe(const at::Tensor& t, vtpu::Stream& stream);
 // Pinned host memory: ATen's host allocator for PrivateUse1 (host_allocator.cc), a
 // caching allocator of page-aligned host blocks that count as pinned (page-locked).
 c10::Allocator& pinned_allocator();

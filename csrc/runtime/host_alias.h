@@ -15,9 +15,14 @@ namespace torch_tpu {
 
 // What queued work needs to rebuild a tensor on the worker: it holds the
 // storage (so the memory outlives the work) but not the TensorImpl, which
-// may own a Python object.
+// may own a Python object. An unowned recipe keeps only the storage's bytes
+// and identity, for work whose stream orders the memory's reuse
+// (stream_ordered_recipe in allocator.h).
 struct TensorRecipe {
-  c10::Storage storage;
+  c10::Storage storage;  // empty in an unowned recipe
+  void* unowned_data = nullptr;
+  size_t unowned_nbytes = 0;
+  const c10::StorageImpl* unowned_storage = nullptr;
   c10::DimVector sizes;  // inline up to 5 dimensions: no heap allocation per op
   c10::DimVector strides;
   int64_t storage_offset = 0;
@@ -27,6 +32,15 @@ struct TensorRecipe {
   bool neg = false;
 
   static TensorRecipe of(const at::Tensor& t);
+  static TensorRecipe of_unowned(const at::Tensor& t);
+
+  void* data() const { return storage ? const_cast<void*>(storage.data()) : unowned_data; }
+  size_t nbytes() const { return storage ? storage.nbytes() : unowned_nbytes; }
+  // The storage's identity (recipes of one storage share one alias storage).
+  const c10::StorageImpl* storage_identity() const {
+    return storage ? storage.unsafeGetStorageImpl() : unowned_storage;
+  }
+  bool on_host() const { return storage && storage.device_type() == c10::kCPU; }
 };
 
 // Builds aliases of tensors on another device type (CPU over the same bytes,

@@ -27,7 +27,11 @@ void tpu_buffer_bytes(c10::IntArrayRef sizes, c10::IntArrayRef strides, size_t i
 
 at::Tensor empty_tpu_bytes(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
                            c10::DeviceIndex device, size_t nbytes, uint64_t physical) {
-  auto data = tpu_allocator().allocate_on(device, nbytes, physical);
+  return tpu_tensor_in(tpu_allocator().allocate_on(device, nbytes, physical), sizes, strides, dtype, nbytes);
+}
+
+at::Tensor tpu_tensor_in(c10::DataPtr data, c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                         size_t nbytes) {
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), &tpu_allocator(),
                        /*resizable=*/true);
   auto t = at::detail::make_tensor<c10::TensorImpl>(

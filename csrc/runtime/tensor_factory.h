@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -19,6 +20,9 @@ void tpu_buffer_bytes(c10::IntArrayRef sizes, c10::IntArrayRef strides, size_t i
 // empty_tpu() with those bytes worked out before (tpu_buffer_bytes of the same layout).
 at::Tensor empty_tpu_bytes(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
                            c10::DeviceIndex device, size_t nbytes, uint64_t physical);
+// Same, in a block the caller took from the tpu allocator (`data`, `nbytes` long).
+at::Tensor tpu_tensor_in(c10::DataPtr data, c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                         size_t nbytes);
 
 // Grows (or shrinks) a tpu storage to `nbytes`, keeping its contents.
 void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);

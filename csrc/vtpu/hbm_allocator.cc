@@ -14,14 +14,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <new>
 #include <type_traits>
 #include <vector>
 
+#include "vtpu/stream.h"
 #include "vtpu/trace.h"
 
 namespace vtpu {
@@ -129,6 +133,27 @@ using LiveMap =
 
 uint64_t round_up(uint64_t value, uint64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
+// A block freed in stream order whose uses have not all run yet: still marked allocated (its
+// neighbours do not coalesce into it) and counted in its segment's live blocks.
+struct DeferredFree {
+  Block* block;
+  std::array<StreamUse, HbmAllocator::kMaxStreamUses> uses;
+  size_t count;
+  // Whether every use has run, or all that have not are on `stream` (null: none may be pending).
+  bool clear_except(const Stream* stream) const {
+    for (size_t i = 0; i < count; ++i) {
+      if (uses[i].stream != stream && uses[i].stream->completed_count() < uses[i].enqueued) return false;
+    }
+    return true;
+  }
+};
+
+// How many of the most recent stream-ordered frees allocate_on_stream() looks at.
+constexpr size_t kReuseWindow = 32;
+
+void wait_idle(Stream& stream) { stream.wait_idle(); }
+std::atomic<HbmAllocator::StreamWaiter> stream_waiter{&wait_idle};
+
 std::string format_bytes(uint64_t bytes) {
   char buf[64];
   const double b = static_cast<double>(bytes);
@@ -155,7 +180,8 @@ struct HbmAllocator::Impl {
   FreeSet large_free{BySizeThenAddress{}, PoolAllocator<Block*>(&nodes)};
   std::set<Segment*> segments;
   LiveMap live{std::less<const char*>{}, LiveMap::allocator_type(&nodes)};  // allocated blocks by address
-  MemoryStats stats;  // counters; derived fields filled in stats()
+  MemoryStats stats;                  // counters; derived fields filled in stats()
+  std::deque<DeferredFree> deferred;  // stream-ordered frees, oldest first
 
   Block* new_block(Segment* segment, char* addr, uint64_t size) {
     return new (nodes.get(sizeof(Block))) Block{segment, addr, size};
@@ -244,6 +270,84 @@ struct HbmAllocator::Impl {
     delete segment;
   }
 
+  // Returns a block whose last use is over to its pool, coalescing with free neighbours.
+  void release_block(Block* block) {
+    --block->segment->live_blocks;
+    block->allocated = false;
+    block->requested = 0;
+    block->logical = 0;
+    FreeSet& free_set = pool(block->segment->small);
+    if (block->prev != nullptr && !block->prev->allocated) {
+      Block* prev = block->prev;
+      free_set.erase(prev);
+      prev->size += block->size;
+      prev->next = block->next;
+      if (block->next) block->next->prev = prev;
+      delete_block(block);
+      block = prev;
+    }
+    if (block->next != nullptr && !block->next->allocated) {
+      Block* next = block->next;
+      free_set.erase(next);
+      block->size += next->size;
+      block->next = next->next;
+      if (next->next) next->next->prev = block;
+      delete_block(next);
+    }
+    free_set.insert(block);
+  }
+
+  // Releases the stream-ordered frees whose uses have all run. Oldest first, stopping at the
+  // first still pending: each stream's tags only grow, so the rest are mostly pending too.
+  void reap_deferred() {
+    while (!deferred.empty() && deferred.front().clear_except(nullptr)) {
+      release_block(deferred.front().block);
+      deferred.pop_front();
+    }
+  }
+
+  // A stream-ordered free that work next queued on `stream` may overwrite, of `size` rounded bytes.
+  Block* take_deferred(uint64_t size, const Stream& stream) {
+    const size_t window = std::min(deferred.size(), kReuseWindow);
+    for (size_t k = 0; k < window; ++k) {
+      auto it = deferred.end() - 1 - static_cast<std::ptrdiff_t>(k);
+      if (it->block->requested != size || !it->clear_except(&stream)) continue;
+      Block* block = it->block;
+      deferred.erase(it);
+      return block;
+    }
+    return nullptr;
+  }
+
+  // Marks `block` handed out for a request of `size` rounded (`logical`) bytes.
+  void note_allocated(Block* block, uint64_t size, uint64_t logical) {
+    block->requested = size;
+    block->logical = logical;
+    live.emplace(block->addr, block);
+    stats.allocated_bytes += size;
+    stats.logical_bytes += logical;
+    ++stats.num_allocs;
+    ++stats.active_blocks;
+    note_peaks();
+    if (const trace::Hooks* h = trace::hooks()) h->hbm(chip, stats.allocated_bytes);
+  }
+
+  // Takes `block` out of the live blocks and the allocated bytes (it may stay marked allocated).
+  void note_freed(Block* block) {
+    auto it = live.find(block->addr);
+    if (it == live.end() || it->second != block) {
+      throw std::invalid_argument("tpu:" + std::to_string(chip) +
+                                  " free of a block that is not live in this allocator "
+                                  "(freed twice, or from another chip)");
+    }
+    live.erase(it);
+    stats.allocated_bytes -= block->requested;
+    stats.logical_bytes -= block->logical;
+    ++stats.num_frees;
+    --stats.active_blocks;
+    if (const trace::Hooks* h = trace::hooks()) h->hbm(chip, stats.allocated_bytes);
+  }
+
   // Frees coalesce completely, so a segment without live blocks is one free block.
   void release_free_segments() {
     std::vector<Segment*> idle;
@@ -263,8 +367,9 @@ struct HbmAllocator::Impl {
   }
 
   // A new segment for a `size`-byte request; releases cached segments when the
-  // capacity is reached, and as a last resort reserves just the request.
-  Segment* new_segment(uint64_t size, bool small, uint64_t physical, uint64_t logical) {
+  // capacity is reached, and as a last resort reserves just the request. Null
+  // instead of OutOfMemoryError when `may_wait` and stream-ordered frees pend.
+  Segment* new_segment(uint64_t size, bool small, uint64_t physical, uint64_t logical, bool may_wait) {
     const uint64_t preferred = small ? kSmallSegment : round_up(size, kLargeRounding);
     auto fits = [&](uint64_t bytes) { return bytes <= capacity - std::min(capacity, stats.reserved_bytes); };
     if (fits(preferred)) return map_segment(preferred, small);
@@ -272,6 +377,7 @@ struct HbmAllocator::Impl {
     release_free_segments();
     if (fits(preferred)) return map_segment(preferred, small);
     if (fits(size)) return map_segment(size, small);
+    if (may_wait && !deferred.empty()) return nullptr;
     out_of_memory(physical, logical);
   }
 };
@@ -296,6 +402,16 @@ HbmAllocator::~HbmAllocator() {
   delete impl_;
 }
 
+Block* HbmAllocator::reuse_on_stream(uint64_t logical, uint64_t physical, Stream& stream) {
+  if (physical < logical || physical == 0 || physical > UINT64_MAX - kAlignment) return nullptr;
+  const uint64_t size = round_up(physical, kAlignment);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->reap_deferred();
+  Block* block = impl_->take_deferred(size, stream);
+  if (block) impl_->note_allocated(block, size, logical);
+  return block;
+}
+
 Block* HbmAllocator::allocate(uint64_t logical, uint64_t physical) {
   if (physical < logical) {
     throw std::invalid_argument("tpu:" + std::to_string(chip_) + " allocation of " + std::to_string(logical) +
@@ -309,68 +425,60 @@ Block* HbmAllocator::allocate(uint64_t logical, uint64_t physical) {
   const uint64_t size = round_up(physical, kAlignment);
   const bool small = size <= kSmallRequest;
 
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  Block* block = impl_->take_best_fit(size, small);
-  if (block == nullptr) block = impl_->new_segment(size, small, physical, logical)->head;
-  impl_->split(block, size);
-  block->allocated = true;
-  block->requested = size;
-  block->logical = logical;
-  ++block->segment->live_blocks;
-  impl_->live.emplace(block->addr, block);
-
-  MemoryStats& s = impl_->stats;
-  s.allocated_bytes += size;
-  s.logical_bytes += logical;
-  ++s.num_allocs;
-  ++s.active_blocks;
-  impl_->note_peaks();
-  if (const trace::Hooks* h = trace::hooks()) h->hbm(chip_, s.allocated_bytes);
-  return block;
+  for (bool may_wait = true;; may_wait = false) {
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    impl_->reap_deferred();
+    Block* block = impl_->take_best_fit(size, small);
+    if (block == nullptr) {
+      Segment* segment = impl_->new_segment(size, small, physical, logical, may_wait);
+      if (segment == nullptr) {
+        // Freed blocks wait on streams' queued work: wait for it (unlocked: the work may free
+        // blocks too), then try once more.
+        std::vector<Stream*> streams;
+        for (const DeferredFree& d : impl_->deferred) {
+          for (size_t i = 0; i < d.count; ++i) {
+            if (std::find(streams.begin(), streams.end(), d.uses[i].stream) == streams.end()) {
+              streams.push_back(d.uses[i].stream);
+            }
+          }
+        }
+        lock.unlock();
+        const StreamWaiter waiter = stream_waiter.load();
+        for (Stream* s : streams) waiter(*s);
+        continue;
+      }
+      block = segment->head;
+    }
+    impl_->split(block, size);
+    block->allocated = true;
+    ++block->segment->live_blocks;
+    impl_->note_allocated(block, size, logical);
+    return block;
+  }
 }
 
 void HbmAllocator::free(Block* block) {
   if (block == nullptr) return;
   std::lock_guard<std::mutex> lock(impl_->mu);
-  auto it = impl_->live.find(block->addr);
-  if (it == impl_->live.end() || it->second != block) {
-    throw std::invalid_argument("tpu:" + std::to_string(chip_) +
-                                " free of a block that is not live in this allocator "
-                                "(freed twice, or from another chip)");
-  }
-  impl_->live.erase(it);
-
-  MemoryStats& s = impl_->stats;
-  s.allocated_bytes -= block->requested;
-  s.logical_bytes -= block->logical;
-  ++s.num_frees;
-  --s.active_blocks;
-  if (const trace::Hooks* h = trace::hooks()) h->hbm(chip_, s.allocated_bytes);
-  --block->segment->live_blocks;
-  block->allocated = false;
-  block->requested = 0;
-  block->logical = 0;
-
-  FreeSet& free_set = impl_->pool(block->segment->small);
-  if (block->prev != nullptr && !block->prev->allocated) {
-    Block* prev = block->prev;
-    free_set.erase(prev);
-    prev->size += block->size;
-    prev->next = block->next;
-    if (block->next) block->next->prev = prev;
-    impl_->delete_block(block);
-    block = prev;
-  }
-  if (block->next != nullptr && !block->next->allocated) {
-    Block* next = block->next;
-    free_set.erase(next);
-    block->size += next->size;
-    block->next = next->next;
-    if (next->next) next->next->prev = block;
-    impl_->delete_block(next);
-  }
-  free_set.insert(block);
+  impl_->note_freed(block);
+  impl_->release_block(block);
 }
+
+void HbmAllocator::free_after(Block* block, const StreamUse* uses, size_t count) {
+  if (block == nullptr) return;
+  if (count > kMaxStreamUses) throw std::invalid_argument("free_after: more stream uses than kMaxStreamUses");
+  DeferredFree d{block, {}, count};
+  std::copy(uses, uses + count, d.uses.begin());
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->note_freed(block);
+  if (d.clear_except(nullptr)) {
+    impl_->release_block(block);
+  } else {
+    impl_->deferred.push_back(d);
+  }
+}
+
+void HbmAllocator::set_stream_waiter(StreamWaiter waiter) { stream_waiter.store(waiter ? waiter : &wait_idle); }
 
 void* HbmAllocator::data(const Block* block) { return block ? block->addr : nullptr; }
 
@@ -378,6 +486,7 @@ uint64_t HbmAllocator::size(const Block* block) { return block ? block->size : 0
 
 void HbmAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->reap_deferred();
   impl_->release_free_segments();
 }
 

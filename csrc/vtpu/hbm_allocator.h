@@ -42,6 +42,14 @@ struct MemoryStats {
 };
 
 struct Block;  // opaque outside the allocator
+class Stream;
+
+// A stream whose queued work may still touch a freed block, and how many
+// items it had queued when the block was freed (Stream::enqueued_count()).
+struct StreamUse {
+  Stream* stream;
+  uint64_t enqueued;
+};
 
 class HbmAllocator {
  public:
@@ -53,7 +61,24 @@ class HbmAllocator {
   // Returns a block of at least `physical` bytes (physical >= logical).
   // A zero-byte request returns nullptr. Throws OutOfMemoryError.
   Block* allocate(uint64_t logical, uint64_t physical);
+  // For a result that only work queued next on `stream` writes first: a block
+  // freed with free_after() whose pending uses are all on `stream` (its later
+  // work runs after them) and whose request had the same rounded size, the
+  // most recently freed first; nullptr when there is none.
+  Block* reuse_on_stream(uint64_t logical, uint64_t physical, Stream& stream);
   void free(Block* block);
+  // Frees `block` in stream order, as CUDA's caching allocator does: it
+  // counts as free at once (stats), and returns to the free pools once every
+  // use has run the work it had queued (at most kMaxStreamUses uses). Until
+  // then only allocate_on_stream() hands it out again. A request that would
+  // not fit otherwise first waits for those streams (see set_stream_waiter).
+  static constexpr size_t kMaxStreamUses = 4;
+  void free_after(Block* block, const StreamUse* uses, size_t count);
+  // How allocation waits for a stream whose queued work holds freed blocks
+  // (called without the allocator's lock). Default: Stream::wait_idle(),
+  // which returns at once on that stream's own worker.
+  using StreamWaiter = void (*)(Stream&);
+  static void set_stream_waiter(StreamWaiter waiter);
   static void* data(const Block* block);
   static uint64_t size(const Block* block);  // physical bytes of the block
 

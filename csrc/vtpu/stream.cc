@@ -123,6 +123,7 @@ void Stream::push(Item item) {
     queue_.push_back(std::move(item));
     queued_.store(queue_.size(), std::memory_order_release);
     pending_.fetch_add(1, std::memory_order_relaxed);
+    enqueued_.fetch_add(1, std::memory_order_release);
     wake = sleeping_;
   }
   if (wake) work_cv_.notify_one();  // a spinning worker needs no (costly) wake-up
@@ -215,6 +216,7 @@ void Stream::run() {
     }
     busy_ = false;
     pending_.fetch_sub(1, std::memory_order_release);
+    completed_.fetch_add(1, std::memory_order_release);
     if (queue_.empty()) idle_cv_.notify_all();
   }
 }

@@ -100,6 +100,12 @@ class Stream {
   // or the last reset_busy_seconds().
   double busy_seconds() const;
   void reset_busy_seconds();
+  // Items queued since start, and items that have run (their closures
+  // destroyed): work queued before the enqueued_count() read at some moment
+  // has run once completed_count() reaches it. Stream-ordered frees
+  // (HbmAllocator::free_after) tag blocks with these.
+  uint64_t enqueued_count() const { return enqueued_.load(std::memory_order_acquire); }
+  uint64_t completed_count() const { return completed_.load(std::memory_order_acquire); }
 
  private:
   void run();
@@ -129,6 +135,7 @@ class Stream {
   // Items queued or running: written under mu_ (after an item's bookkeeping),
   // polled without it by wait_drained().
   std::atomic<size_t> pending_{0};
+  std::atomic<uint64_t> enqueued_{0}, completed_{0};  // written under mu_
   // Queued or running items with fresh_bytes > 0: their count and bytes; and
   // the count of kUnsized ones (guarded by mu_).
   // Written under mu_; read without it by run_ahead_exceeded().
