@@ -443,8 +443,11 @@ Block* HbmAllocator::allocate(uint64_t logical, uint64_t physical) {
           }
         }
         lock.unlock();
-        const StreamWaiter waiter = stream_waiter.load();
-        for (Stream* s : streams) waiter(*s);
+        // Not from a stream's worker: the streams waited for may be waiting on its stream.
+        if (!Stream::on_any_worker_thread()) {
+          const StreamWaiter waiter = stream_waiter.load();
+          for (Stream* s : streams) waiter(*s);
+        }
         continue;
       }
       block = segment->head;

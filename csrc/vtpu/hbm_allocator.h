@@ -75,8 +75,8 @@ class HbmAllocator {
   static constexpr size_t kMaxStreamUses = 4;
   void free_after(Block* block, const StreamUse* uses, size_t count);
   // How allocation waits for a stream whose queued work holds freed blocks
-  // (called without the allocator's lock). Default: Stream::wait_idle(),
-  // which returns at once on that stream's own worker.
+  // (called without the allocator's lock; never on a stream's worker thread,
+  // which raises OutOfMemoryError instead). Default: Stream::wait_idle().
   using StreamWaiter = void (*)(Stream&);
   static void set_stream_waiter(StreamWaiter waiter);
   static void* data(const Block* block);

@@ -36,6 +36,8 @@ bool spin_until(Done done, int micros) {
   return true;
 }
 
+thread_local bool is_worker_thread = false;
+
 std::atomic<Stream::ErrorFormatter>& formatter_slot() {
   static std::atomic<Stream::ErrorFormatter> slot{nullptr};
   return slot;
@@ -140,6 +142,7 @@ void Stream::reset_busy_seconds() {
 }
 
 void Stream::run() {
+  is_worker_thread = true;
   std::unique_lock<std::mutex> lock(mu_);
   bool wake_waiter = false;  // a run-ahead waiter to wake once mu_ is released
   auto unlock = [&] {
@@ -269,6 +272,8 @@ void Stream::check_error() {
 }
 
 bool Stream::on_worker_thread() const { return std::this_thread::get_id() == worker_.get_id(); }
+
+bool Stream::on_any_worker_thread() { return is_worker_thread; }
 
 void Event::record(Stream& stream) {
   auto state = std::make_shared<State>();

@@ -96,6 +96,8 @@ class Stream {
   int64_t id() const { return id_; }
   // Whether the calling thread is this stream's worker.
   bool on_worker_thread() const;
+  // Whether the calling thread is any stream's worker.
+  static bool on_any_worker_thread();
   // Host seconds the worker has spent running work (measured), since start
   // or the last reset_busy_seconds().
   double busy_seconds() const;

@@ -137,7 +137,29 @@ TEST(StreamOrderedFree, FullCapacityWaitsForPendingWork) {
   hbm.free(b);
 }
 
-// On the stream's own worker the allocation cannot wait for that stream: it raises as before.
+// On a stream's worker the allocation does not wait for streams (that stream's work could be
+// waiting on the worker's own stream): it raises as before.
+TEST(StreamOrderedFree, WorkerRaisesInsteadOfWaiting) {
+  HbmAllocator hbm(0, 16 * MiB);
+  Stream s(0, 28), t(0, 29);
+  std::atomic<bool> open{false};
+  Block* a = hbm.allocate(12 * MiB, 12 * MiB);
+  StreamUse use{&s, enqueue_gate(s, open)};
+  hbm.free_after(a, &use, 1);
+  bool raised = false;
+  t.enqueue_named("allocates", [&] {
+    try {
+      hbm.free(hbm.allocate(10 * MiB, 10 * MiB));
+    } catch (const vtpu::OutOfMemoryError&) {
+      raised = true;
+    }
+  });
+  t.synchronize();  // returns although s is still blocked
+  EXPECT_TRUE(raised);
+  open = true;
+  s.synchronize();
+}
+
 TEST(StreamOrderedFree, OwnWorkerRaisesInsteadOfWaiting) {
   HbmAllocator hbm(0, 16 * MiB);
   Stream s(0, 27);
