@@ -122,8 +122,9 @@ std::vector<QueuedArg> queue_args(const c10::OperatorHandle& handle, c10::ArrayR
     const c10::AliasInfo* alias = alias_of(schema.arguments()[i]);
     const bool written = alias && alias->isWrite();
     // Host tensors are snapshots: the caller may change them once we return.
+    // Device tensors: the work reaches their bytes in stream order (allocator.h).
     auto recipe = [](const at::Tensor& t) {
-      if (!t.device().is_cpu()) return TensorRecipe::of(t);
+      if (!t.device().is_cpu()) return stream_ordered_recipe(t, current_vtpu_stream(t.device().index()));
       TensorRecipe r = dense_host_snapshot(t);
       if (!r.storage) r = TensorRecipe::of(t.clone());
       r.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();  // keeps type promotion
@@ -413,20 +414,43 @@ at::Tensor tpu_result(const TensorMeta& m, const ReturnAlias& alias, const at::T
   return empty_tpu(m.sizes, m.strides, m.dtype, device);
 }
 
-// HBM bytes of the results tpu_result() allocates afresh for `meta`.
-uint64_t fresh_result_bytes(const MetaResult& meta, const OpInfo& info) {
-  uint64_t total = 0;
-  for (size_t r = 0; r < meta.size(); ++r) {
-    if (info.returns[r].arg >= 0) continue;
-    for (const TensorMeta& m : meta[r].tensors) {
-      if (!m.defined) continue;
-      size_t nbytes = 0, physical = 0;
-      tpu_buffer_bytes(m.sizes, m.strides, c10::elementSize(m.dtype), &nbytes, &physical);
-      total += nbytes;
+// The blocks of the results an op allocates afresh (returns that alias no argument), in
+// order: a block freed in stream order on the current stream where one fits, else a new one.
+class FreshBlocks {
+ public:
+  FreshBlocks(const MetaResult& meta, const OpInfo& info, c10::DeviceIndex device) {
+    for (size_t r = 0; r < meta.size(); ++r) {
+      if (info.returns[r].arg >= 0) continue;
+      for (const TensorMeta& m : meta[r].tensors) {
+        if (!m.defined) continue;
+        if (!stream_) stream_ = &current_vtpu_stream(device);
+        size_t nbytes = 0;
+        uint64_t physical = 0;
+        tpu_buffer_bytes(m.sizes, m.strides, c10::elementSize(m.dtype), &nbytes, &physical);
+        reused_.push_back(tpu_allocator().reuse_on(device, nbytes, physical, *stream_));
+        if (!reused_.back()) fresh_bytes_ += nbytes;
+      }
     }
   }
-  return total;
-}
+  // HBM bytes of the results that take a new block.
+  uint64_t fresh_bytes() const { return fresh_bytes_; }
+  vtpu::Stream* stream() const { return stream_; }
+  // The next fresh result, laid out as `m` says.
+  at::Tensor take(const TensorMeta& m, c10::DeviceIndex device) {
+    c10::DataPtr& block = reused_[next_++];
+    if (!block) return empty_tpu(m.sizes, m.strides, m.dtype, device);
+    size_t nbytes = 0;
+    uint64_t physical = 0;
+    tpu_buffer_bytes(m.sizes, m.strides, c10::elementSize(m.dtype), &nbytes, &physical);
+    return tpu_tensor_in(std::move(block), m.sizes, m.strides, m.dtype, nbytes);
+  }
+
+ private:
+  vtpu::Stream* stream_ = nullptr;
+  c10::SmallVector<c10::DataPtr, 2> reused_;
+  uint64_t fresh_bytes_ = 0;
+  size_t next_ = 0;
+};
 
 // The tpu tensor(s) aliased by return `r`, or undefined ones.
 std::vector<at::Tensor> aliased_tensors(c10::ArrayRef<IValue> args, const ReturnAlias& alias) {
@@ -536,9 +560,11 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   const MetaResult& meta = *meta_ptr;
   MetaExtras* const extras = last_meta_extras();  // this signature's cached pricing and validation
 
-  // Allocate results now; the work fills them later. First the run-ahead wait, which frees
-  // the blocks of results the caller dropped, so that these reuse them (cache-warm).
-  const uint64_t fresh_bytes = fresh_result_bytes(meta, info);
+  // Allocate results now; the work fills them later. Results the caller dropped while this
+  // stream's work still uses them are reused in stream order; for the rest, first the
+  // run-ahead wait, which lets the worker release the blocks of such results.
+  FreshBlocks blocks(meta, info, device);
+  const uint64_t fresh_bytes = blocks.fresh_bytes();
   wait_run_ahead_before_allocating(device, fresh_bytes);
   std::vector<IValue> results;
   std::vector<TensorRecipe> fresh;                    // results the work must copy into
@@ -549,11 +575,10 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     auto make = [&](const TensorMeta& m, size_t k) {
       if (!m.defined) return at::Tensor();
       at::Tensor base = k < aliased.size() ? aliased[k] : at::Tensor();
-      at::Tensor t = tpu_result(m, alias, base, device);
-      if (alias.arg < 0) {
-        fresh.push_back(TensorRecipe::of(t));
-        fresh_slot.emplace_back(r, k);
-      }
+      if (alias.arg >= 0) return tpu_result(m, alias, base, device);
+      at::Tensor t = blocks.take(m, device);
+      fresh.push_back(stream_ordered_recipe(t, *blocks.stream()));
+      fresh_slot.emplace_back(r, k);
       return t;
     };
     if (!meta[r].is_list) {
@@ -569,7 +594,8 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     const auto* written = alias_of(schema.arguments()[i]);
     if (written && written->isWrite() && queued[i].kind == QueuedArg::Kind::kTensor && queued[i].tensors[0] &&
         args[i].isTensor() && args[i].toTensor().device().type() == kTPU) {
-      queued[i].tensors[0] = TensorRecipe::of(args[i].toTensor());
+      const at::Tensor& w = args[i].toTensor();
+      queued[i].tensors[0] = stream_ordered_recipe(w, current_vtpu_stream(w.device().index()));
     }
   }
 
