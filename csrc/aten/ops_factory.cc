@@ -6,7 +6,9 @@
 #include <ATen/ops/view_native.h>
 #include <torch/library.h>
 
+#include "runtime/allocator.h"
 #include "runtime/device.h"
+#include "runtime/dry_run.h"
 #include "runtime/tensor_factory.h"
 
 namespace torch_tpu {
@@ -27,14 +29,20 @@ c10::DeviceIndex index_of(c10::optional<c10::Device> device) {
   return resolve_index(device.has_value() && device->has_index() ? device->index() : -1);
 }
 
-// empty_tpu() for a composite op's result (clone's empty_like): waits for the run-ahead bound
-// before it allocates, as an op's own results do (wait_run_ahead_before_allocating).
+// empty_tpu() for a composite op's result (clone's empty_like), as an op's own results are
+// allocated: a block freed in stream order on the current stream if one fits (whatever fills
+// the tensor is queued there, or waits for the chip), else a new one after the run-ahead
+// bound's wait (wait_run_ahead_before_allocating).
 at::Tensor empty_after_run_ahead(c10::IntArrayRef size, c10::IntArrayRef stride, c10::ScalarType dtype,
                                  c10::DeviceIndex device) {
   chip(device);  // validates the index before anything waits or is allocated
   size_t nbytes;
   uint64_t physical;
   tpu_buffer_bytes(size, stride, c10::elementSize(dtype), &nbytes, &physical);
+  if (nbytes > 0 && !dry_run()) {
+    c10::DataPtr block = tpu_allocator().reuse_on(device, nbytes, physical, current_vtpu_stream_unflushed(device));
+    if (block) return tpu_tensor_in(std::move(block), size, stride, dtype, nbytes);
+  }
   wait_run_ahead_before_allocating(device, nbytes);
   return empty_tpu_bytes(size, stride, dtype, device, nbytes, physical);
 }

@@ -130,12 +130,15 @@ void wait_run_ahead_before_allocating(vtpu::Stream& stream, uint64_t fresh_bytes
   if (stream.run_ahead_exceeded(fresh_bytes)) run_blocking([&] { stream.wait_run_ahead(fresh_bytes); });
 }
 
+vtpu::Stream& current_vtpu_stream_unflushed(c10::DeviceIndex index) {
+  auto& c = chip(index);
+  const int64_t id = current_stream(index).id();
+  return translate_errors([&]() -> vtpu::Stream& { return c.stream(id); });
+}
+
 void wait_run_ahead_before_allocating(c10::DeviceIndex device, uint64_t fresh_bytes) {
   if (fresh_bytes == 0 || dry_run()) return;
-  // The stream itself, not vtpu_stream(): allocating is no reason to flush deferred work.
-  auto& c = chip(device);
-  const int64_t id = current_stream(device).id();
-  wait_run_ahead_before_allocating(translate_errors([&]() -> vtpu::Stream& { return c.stream(id); }), fresh_bytes);
+  wait_run_ahead_before_allocating(current_vtpu_stream_unflushed(device), fresh_bytes);
 }
 
 void enqueue_sized(vtpu::Stream& stream, const char* static_name, std::function<void()> work, uint64_t fresh_bytes) {

@@ -28,6 +28,8 @@ c10::Stream default_stream(c10::DeviceIndex index = -1);
 void set_current_stream(const c10::Stream& stream);
 vtpu::Stream& vtpu_stream(const c10::Stream& stream);
 inline vtpu::Stream& current_vtpu_stream(c10::DeviceIndex index) { return vtpu_stream(current_stream(index)); }
+// The same stream without issuing deferred work first (allocating is no reason to flush).
+vtpu::Stream& current_vtpu_stream_unflushed(c10::DeviceIndex index);
 
 // Waits for every stream of the chip; raises RuntimeError for failed work.
 void synchronize_device(c10::DeviceIndex index = -1);
