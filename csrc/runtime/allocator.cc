@@ -119,6 +119,15 @@ TensorRecipe stream_ordered_recipe(const at::Tensor& t, vtpu::Stream& stream) {
   return TensorRecipe::of_unowned(t);
 }
 
+void record_stream(const at::Tensor& t, vtpu::Stream& stream) {
+  const c10::Storage* s = storage_of(t);
+  BlockContext* c = s ? context_of(*s) : nullptr;
+  if (!c) return;  // no block of this allocator (an empty storage): nothing to order
+  TORCH_CHECK(note_stream_use(c, stream), "record_stream: the tpu tensor of shape ", t.sizes(), " (", t.scalar_type(),
+              ", ", t.device(), ") is already used by ", vtpu::HbmAllocator::kMaxStreamUses,
+              " streams, the most one block's free can wait for; synchronize one of them first");
+}
+
 bool any_undefined() { return undefined_storages.load(std::memory_order_relaxed) > 0; }
 
 void mark_undefined(const at::Tensor& t) {

@@ -69,6 +69,9 @@ TPUAllocator& tpu_allocator();
 // Work that holds such a recipe must not outlive its stream's order (no waits on events of
 // other streams that could let a later reuse run first).
 TensorRecipe stream_ordered_recipe(const at::Tensor& t, vtpu::Stream& stream);
+// Tensor.record_stream(stream): the free of `t`'s block waits for work queued on `stream` by
+// then, as on CUDA. Raises RuntimeError when four streams already use the block.
+void record_stream(const at::Tensor& t, vtpu::Stream& stream);
 // Pinned host memory: ATen's host allocator for PrivateUse1 (host_allocator.cc), a
 // caching allocator of page-aligned host blocks that count as pinned (page-locked).
 c10::Allocator& pinned_allocator();

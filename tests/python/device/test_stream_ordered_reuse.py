@@ -90,3 +90,33 @@ def test_many_queued_results_keep_two_blocks(gate):
     assert torch.tpu.max_memory_allocated() <= base + 3 * 4 * N  # the gate's result and two
     gate.open()
     assert torch.equal(out.cpu(), host * 19.0)
+
+
+def test_record_stream_holds_the_block_for_that_streams_work(gate):
+    host = torch.randn(N)
+    x = host.to("tpu")
+    _kept(lambda: x * 2.0)
+    gate(x)
+    torch.tpu.synchronize()
+    gate.event.clear()
+    s = torch.tpu.Stream()
+    with torch.tpu.stream(s):
+        blocked = gate(x)  # s waits at the gate
+    y = x * 2.0
+    torch.tpu.current_stream().synchronize()  # the default stream is done with y
+    y.record_stream(s)  # as CUDA code does for work it queues on s by other means
+    y_ptr = y.data_ptr()
+    del y
+    w = x * 2.0
+    assert w.data_ptr() != y_ptr  # held until s's work queued by then has run
+    gate.open()
+    s.synchronize()
+    assert torch.equal(w.cpu(), host * 2.0) and torch.equal(blocked.cpu(), host + 1)
+
+
+def test_record_stream_of_another_device_raises():
+    if torch.tpu.device_count() < 2:
+        pytest.skip("needs two chips")
+    x = torch.ones(4, device="tpu:0")
+    with pytest.raises(RuntimeError, match="record_stream: expected a stream of tpu:0"):
+        x.record_stream(torch.tpu.Stream(device="tpu:1"))
