@@ -25,6 +25,16 @@ uint64_t enqueue_gate(Stream& stream, std::atomic<bool>& open) {
   return stream.enqueued_count();
 }
 
+// Whether allocating `bytes` raises OutOfMemoryError (the block is freed again otherwise).
+bool raises_out_of_memory(HbmAllocator& hbm, uint64_t bytes) {
+  try {
+    hbm.free(hbm.allocate(bytes, bytes));
+  } catch (const vtpu::OutOfMemoryError&) {
+    return true;
+  }
+  return false;
+}
+
 TEST(StreamOrderedFree, CountersTrackQueuedAndRunWork) {
   Stream stream(0, 20);
   std::atomic<bool> open{false};
@@ -147,13 +157,7 @@ TEST(StreamOrderedFree, WorkerRaisesInsteadOfWaiting) {
   StreamUse use{&s, enqueue_gate(s, open)};
   hbm.free_after(a, &use, 1);
   bool raised = false;
-  t.enqueue_named("allocates", [&] {
-    try {
-      hbm.free(hbm.allocate(10 * MiB, 10 * MiB));
-    } catch (const vtpu::OutOfMemoryError&) {
-      raised = true;
-    }
-  });
+  t.enqueue_named("allocates", [&] { raised = raises_out_of_memory(hbm, 10 * MiB); });
   t.synchronize();  // returns although s is still blocked
   EXPECT_TRUE(raised);
   open = true;
@@ -167,13 +171,7 @@ TEST(StreamOrderedFree, OwnWorkerRaisesInsteadOfWaiting) {
   Block* a = hbm.allocate(12 * MiB, 12 * MiB);
   StreamUse use{&s, enqueue_gate(s, open)};
   bool raised = false;
-  s.enqueue_named("allocates", [&] {
-    try {
-      hbm.free(hbm.allocate(10 * MiB, 10 * MiB));
-    } catch (const vtpu::OutOfMemoryError&) {
-      raised = true;
-    }
-  });
+  s.enqueue_named("allocates", [&] { raised = raises_out_of_memory(hbm, 10 * MiB); });
   use.enqueued = s.enqueued_count();
   hbm.free_after(a, &use, 1);
   open = true;

@@ -20,13 +20,18 @@ def _kept(*ops):
     torch.tpu.synchronize()
 
 
+def _kept_with_closed_gate(gate, x, *ops):
+    """_kept(ops) and the gate's own signature on `x`; the gate is closed again afterwards."""
+    _kept(*ops)
+    gate(x)
+    torch.tpu.synchronize()
+    gate.event.clear()
+
+
 def test_dropped_result_is_reused_on_its_stream_behind_queued_reads(gate):
     host = torch.randn(N)
     x = host.to("tpu")
-    _kept(lambda: x + 1, lambda: x * 2.0, lambda: x * 3.0)
-    gate(x)  # the signature's first call (validation is off under the gate fixture)
-    torch.tpu.synchronize()
-    gate.event.clear()
+    _kept_with_closed_gate(gate, x, lambda: x + 1, lambda: x * 2.0, lambda: x * 3.0)
 
     y = x + 1
     blocked = gate(x)  # the stream waits here: nothing after it has run
@@ -78,10 +83,7 @@ def test_many_queued_results_keep_two_blocks(gate):
     # CPU, instead of one per queued op.
     host = torch.randn(N)
     x = host.to("tpu")
-    _kept(lambda: x * 2.0)
-    gate(x)
-    torch.tpu.synchronize()
-    gate.event.clear()
+    _kept_with_closed_gate(gate, x, lambda: x * 2.0)
     base = torch.tpu.memory_allocated()
     torch.tpu.reset_peak_memory_stats()
     gate(x)
@@ -95,10 +97,7 @@ def test_many_queued_results_keep_two_blocks(gate):
 def test_record_stream_holds_the_block_for_that_streams_work(gate):
     host = torch.randn(N)
     x = host.to("tpu")
-    _kept(lambda: x * 2.0)
-    gate(x)
-    torch.tpu.synchronize()
-    gate.event.clear()
+    _kept_with_closed_gate(gate, x, lambda: x * 2.0)
     s = torch.tpu.Stream()
     with torch.tpu.stream(s):
         blocked = gate(x)  # s waits at the gate
