@@ -124,7 +124,7 @@ std::vector<QueuedArg> queue_args(const c10::OperatorHandle& handle, c10::ArrayR
     // Host tensors are snapshots: the caller may change them once we return.
     // Device tensors: the work reaches their bytes in stream order (allocator.h).
     auto recipe = [](const at::Tensor& t) {
-      if (!t.device().is_cpu()) return stream_ordered_recipe(t, current_vtpu_stream(t.device().index()));
+      if (!t.device().is_cpu()) return stream_ordered_recipe(t, current_vtpu_stream_unflushed(t.device().index()));
       TensorRecipe r = dense_host_snapshot(t);
       if (!r.storage) r = TensorRecipe::of(t.clone());
       r.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();  // keeps type promotion
@@ -427,8 +427,8 @@ class FreshBlocks {
         size_t nbytes = 0;
         uint64_t physical = 0;
         tpu_buffer_bytes(m.sizes, m.strides, c10::elementSize(m.dtype), &nbytes, &physical);
-        reused_.push_back(tpu_allocator().reuse_on(device, nbytes, physical, *stream_));
-        if (!reused_.back()) fresh_bytes_ += nbytes;
+        reused_.push_back({tpu_allocator().reuse_on(device, nbytes, physical, *stream_), nbytes});
+        if (!reused_.back().first) fresh_bytes_ += nbytes;
       }
     }
   }
@@ -437,17 +437,14 @@ class FreshBlocks {
   vtpu::Stream* stream() const { return stream_; }
   // The next fresh result, laid out as `m` says.
   at::Tensor take(const TensorMeta& m, c10::DeviceIndex device) {
-    c10::DataPtr& block = reused_[next_++];
+    auto& [block, nbytes] = reused_[next_++];
     if (!block) return empty_tpu(m.sizes, m.strides, m.dtype, device);
-    size_t nbytes = 0;
-    uint64_t physical = 0;
-    tpu_buffer_bytes(m.sizes, m.strides, c10::elementSize(m.dtype), &nbytes, &physical);
     return tpu_tensor_in(std::move(block), m.sizes, m.strides, m.dtype, nbytes);
   }
 
  private:
   vtpu::Stream* stream_ = nullptr;
-  c10::SmallVector<c10::DataPtr, 2> reused_;
+  c10::SmallVector<std::pair<c10::DataPtr, size_t>, 2> reused_;  // (reused block or empty, nbytes)
   uint64_t fresh_bytes_ = 0;
   size_t next_ = 0;
 };
@@ -595,7 +592,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     if (written && written->isWrite() && queued[i].kind == QueuedArg::Kind::kTensor && queued[i].tensors[0] &&
         args[i].isTensor() && args[i].toTensor().device().type() == kTPU) {
       const at::Tensor& w = args[i].toTensor();
-      queued[i].tensors[0] = stream_ordered_recipe(w, current_vtpu_stream(w.device().index()));
+      queued[i].tensors[0] = stream_ordered_recipe(w, current_vtpu_stream_unflushed(w.device().index()));
     }
   }
 

@@ -322,7 +322,7 @@ class FastOp {
 
 // A tensor argument as queued work keeps it (host scalars: a snapshot of their value).
 TensorRecipe recipe(const at::Tensor& t) {
-  if (t.device().type() == kTPU) return stream_ordered_recipe(t, current_vtpu_stream(t.device().index()));
+  if (t.device().type() == kTPU) return stream_ordered_recipe(t, current_vtpu_stream_unflushed(t.device().index()));
   TensorRecipe r = dense_host_snapshot(t);
   if (!r.storage) r = TensorRecipe::of(t.clone());
   r.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();

@@ -4,15 +4,12 @@
 #include <torch/library.h>
 
 #include "runtime/allocator.h"
-#include "runtime/device.h"
 
 namespace torch_tpu {
 namespace {
 
 void record_stream_tpu(at::Tensor& self, c10::Stream stream) {
-  TORCH_CHECK(stream.device_type() == kTPU && stream.device_index() == self.device().index(),
-              "record_stream: expected a stream of ", self.device(), ", got one of ", stream.device());
-  record_stream(self, vtpu_stream(stream));
+  tpu_allocator().recordStream(self.storage().data_ptr(), stream);
 }
 
 }  // namespace

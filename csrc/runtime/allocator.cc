@@ -119,12 +119,13 @@ TensorRecipe stream_ordered_recipe(const at::Tensor& t, vtpu::Stream& stream) {
   return TensorRecipe::of_unowned(t);
 }
 
-void record_stream(const at::Tensor& t, vtpu::Stream& stream) {
-  const c10::Storage* s = storage_of(t);
-  BlockContext* c = s ? context_of(*s) : nullptr;
+void TPUAllocator::recordStream(const c10::DataPtr& data, c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kTPU && stream.device_index() == data.device().index(),
+              "record_stream: expected a stream of ", data.device(), ", got one of ", stream.device());
+  BlockContext* c = context_of(data);
   if (!c) return;  // no block of this allocator (an empty storage): nothing to order
-  TORCH_CHECK(note_stream_use(c, stream), "record_stream: the tpu tensor of shape ", t.sizes(), " (", t.scalar_type(),
-              ", ", t.device(), ") is already used by ", vtpu::HbmAllocator::kMaxStreamUses,
+  TORCH_CHECK(note_stream_use(c, vtpu_stream(stream)), "record_stream: the tpu storage at ", data.get(), " (",
+              data.device(), ") is already used by ", vtpu::HbmAllocator::kMaxStreamUses,
               " streams, the most one block's free can wait for; synchronize one of them first");
 }
 

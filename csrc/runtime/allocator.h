@@ -50,8 +50,10 @@ class TPUAllocator final : public c10::DeviceAllocator {
 
   bool initialized() override { return true; }
   void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
-  // Work holds its storages (TensorRecipe), or frees them in stream order (stream_ordered_recipe).
-  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  // Tensor.record_stream: the block's free waits for work queued on `stream` by then, as on
+  // CUDA (work torch_tpu queues records its streams itself, stream_ordered_recipe). Raises
+  // RuntimeError for a stream of another device, or when four streams already use the block.
+  void recordStream(const c10::DataPtr& data, c10::Stream stream) override;
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;
   void resetPeakStats(c10::DeviceIndex device) override;
@@ -69,9 +71,6 @@ TPUAllocator& tpu_allocator();
 // Work that holds such a recipe must not outlive its stream's order (no waits on events of
 // other streams that could let a later reuse run first).
 TensorRecipe stream_ordered_recipe(const at::Tensor& t, vtpu::Stream& stream);
-// Tensor.record_stream(stream): the free of `t`'s block waits for work queued on `stream` by
-// then, as on CUDA. Raises RuntimeError when four streams already use the block.
-void record_stream(const at::Tensor& t, vtpu::Stream& stream);
 // Pinned host memory: ATen's host allocator for PrivateUse1 (host_allocator.cc), a
 // caching allocator of page-aligned host blocks that count as pinned (page-locked).
 c10::Allocator& pinned_allocator();

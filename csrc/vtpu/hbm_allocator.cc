@@ -148,7 +148,7 @@ struct DeferredFree {
   }
 };
 
-// How many of the most recent stream-ordered frees allocate_on_stream() looks at.
+// How many of the most recent stream-ordered frees reuse_on_stream() looks at.
 constexpr size_t kReuseWindow = 32;
 
 void wait_idle(Stream& stream) { stream.wait_idle(); }
