@@ -34,7 +34,6 @@
 #include <vector>
 
 #include "aten/fallback_internal.h"
-#include "aten/host_matmul.h"
 #include "aten/matmul_precision.h"
 #include "aten/meta_cache.h"
 #include "aten/op_cost.h"
@@ -658,7 +657,9 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
                             auto cpu = build_stack(queued, host);
                             for (const auto& r : fresh) cpu.push_back(host.alias(r));
                             at::AutoDispatchBelowADInplaceOrView below_autograd;
-                            if (!(matmul && call_mm_out_in_faster_order(op, &cpu))) op.callBoxed(&cpu);
+                            if (matmul)
+                              return call_with_matmul_precision(op, &cpu, at::Float32MatmulPrecision::HIGHEST);
+                            op.callBoxed(&cpu);
                           });
       report();
       torch::jit::drop(*stack, num_args);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <ATen/Context.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/SafePyObject.h>
@@ -51,6 +52,11 @@ at::Float32MatmulPrecision parse_matmul_precision(const std::string& name);
 
 // Whether `op` is a matrix product whose float32 numerics follow the precision.
 bool is_matmul_family(const c10::OperatorHandle& op);
+
+// Whether the host computes the product of `a` and `b`, both bf16 or both fp16, in float32 over
+// the widened operands: where ATen's half kernels lack AVX-512 (an AVX2 host) they run 100-200x
+// slower than float32 GEMM, and the MXU too multiplies bf16 exactly and accumulates in float32.
+bool widens_half_product(const at::Tensor& a, const at::Tensor& b);
 
 // Runs `op` (a CPU kernel over host tensors) on `stack` with the MXU numerics
 // of `precision`; other ops and dtypes run unchanged.

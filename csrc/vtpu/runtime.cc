@@ -9,6 +9,7 @@
 #include <string>
 
 #include "vtpu/env.h"
+#include "vtpu/host_heap.h"
 
 namespace vtpu {
 namespace {
@@ -169,6 +170,7 @@ Runtime& Runtime::get() {
 }
 
 Runtime::Runtime() : topology_(Topology::from_env()) {
+  tune_host_heap();
   uint64_t hbm_bytes = topology_.spec().hbm_bytes;
   if (const char* value = env("TORCH_TPU_HBM_BYTES")) hbm_bytes = parse_hbm_bytes(value);
 
