@@ -14,6 +14,10 @@ import sys
 
 MODES = ("strict", "debug", "defer_and_fuse", "compile")
 
+# Training needs the MXU's numerics, not bit-equality with CPU eager's bf16 kernels: on a host
+# without AVX-512 those are a scalar loop (docs/limits.md), so the demo's products run widened.
+os.environ.setdefault("TORCH_TPU_WIDEN_HALF_PRODUCTS", "1")
+
 
 def default_out() -> str:
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
