@@ -91,15 +91,15 @@ void call_widened(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
 // host they fall back to a scalar loop that runs 100-200x slower than float32 GEMM
 // ([2048, 512] x [512, 2048] bf16: 8.5 s against 42 ms). The MXU multiplies bf16 inputs exactly
 // and accumulates in float32, which a float32 GEMM over the widened inputs does too.
-bool host_has_fast_half_gemm() {
+// Opt-in (TORCH_TPU_WIDEN_HALF_PRODUCTS=1): CPU eager's half kernels round partial sums of some
+// products (addbmm, transposed convolution) to the half type, so widened results differ from CPU's.
+bool widening_half_products() {
 #if defined(__x86_64__) && defined(__GNUC__)
-  // Opt-in: CPU eager's half kernels round partial sums of some products (addbmm, transposed
-  // convolution) to the half type, so widened results differ from CPU's by an ulp or more.
-  static const bool fast =
-      __builtin_cpu_supports("avx512bw") || !vtpu::env_flag("TORCH_TPU_WIDEN_HALF_PRODUCTS", false);
-  return fast;
+  static const bool widen =
+      !__builtin_cpu_supports("avx512bw") && vtpu::env_flag("TORCH_TPU_WIDEN_HALF_PRODUCTS", false);
+  return widen;
 #else
-  return true;
+  return false;
 #endif
 }
 
@@ -107,7 +107,7 @@ bool host_has_fast_half_gemm() {
 
 bool widens_half_product(const at::Tensor& a, const at::Tensor& b) {
   const at::ScalarType dtype = a.scalar_type();
-  return (dtype == at::kBFloat16 || dtype == at::kHalf) && b.scalar_type() == dtype && !host_has_fast_half_gemm();
+  return (dtype == at::kBFloat16 || dtype == at::kHalf) && b.scalar_type() == dtype && widening_half_products();
 }
 
 bool is_matmul_family(const c10::OperatorHandle& op) { return operands_of(op) != nullptr; }

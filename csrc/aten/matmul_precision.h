@@ -56,6 +56,7 @@ bool is_matmul_family(const c10::OperatorHandle& op);
 // Whether the host computes the product of `a` and `b`, both bf16 or both fp16, in float32 over
 // the widened operands: where ATen's half kernels lack AVX-512 (an AVX2 host) they run 100-200x
 // slower than float32 GEMM, and the MXU too multiplies bf16 exactly and accumulates in float32.
+// Only with TORCH_TPU_WIDEN_HALF_PRODUCTS=1 (docs/env.md).
 bool widens_half_product(const at::Tensor& a, const at::Tensor& b);
 
 // Runs `op` (a CPU kernel over host tensors) on `stack` with the MXU numerics
