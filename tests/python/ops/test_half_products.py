@@ -1,7 +1,8 @@
-"""bf16 and fp16 matrix products: on a host without AVX-512, with TORCH_TPU_WIDEN_HALF_PRODUCTS=1, the worker widens the operands to
-float32 (matmul_precision.h), so the result must be the float32 product rounded once, as the
-MXU's bf16 x bf16 -> f32 accumulation gives, through every path (the fallback's first call, the
-fast path's repeated calls, out=, autograd). Oracle: CPU's float32 product of the same operands."""
+"""bf16 and fp16 matrix products: on a host without AVX-512, with
+TORCH_TPU_WIDEN_HALF_PRODUCTS=1, the worker widens the operands to float32 (matmul_precision.h),
+so the result must be the float32 product rounded once, as the MXU's bf16 x bf16 -> f32
+accumulation gives, through every path (the fallback's first call, the fast path's repeated
+calls, out=, autograd). Oracle: CPU's float32 product of the same operands."""
 
 import pytest
 import torch
