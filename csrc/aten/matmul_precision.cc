@@ -93,6 +93,8 @@ void call_widened(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
 // and accumulates in float32, which a float32 GEMM over the widened inputs does too.
 // Opt-in (TORCH_TPU_WIDEN_HALF_PRODUCTS=1): CPU eager's half kernels round partial sums of some
 // products (addbmm, transposed convolution) to the half type, so widened results differ from CPU's.
+}  // namespace
+
 bool widening_half_products() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool widen =
@@ -101,6 +103,35 @@ bool widening_half_products() {
 #else
   return false;
 #endif
+}
+
+namespace {
+
+// CPU's blocked attention: how many leading returns are in the inputs' dtype (the forward's row
+// log-sum-exp is float32 whatever the inputs).
+int half_attention_returns(const c10::OperatorHandle& op) {
+  const std::string& name = op.schema().name();
+  if (name == "aten::_scaled_dot_product_flash_attention_for_cpu") return 1;
+  if (name == "aten::_scaled_dot_product_flash_attention_for_cpu_backward") return 3;
+  return 0;
+}
+
+// Runs CPU's blocked attention (forward or backward) over its half tensors widened to float32,
+// rounding the first `narrow_returns` results once back. False: not such a call.
+bool call_attention_widened(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!widening_half_products()) return false;
+  const int narrow_returns = half_attention_returns(op);
+  if (narrow_returns == 0) return false;
+  const int query = op.schema().name() == "aten::_scaled_dot_product_flash_attention_for_cpu" ? 0 : 1;
+  if (!(*stack)[query].isTensor()) return false;
+  const at::ScalarType narrow = (*stack)[query].toTensor().scalar_type();
+  if (narrow != at::kBFloat16 && narrow != at::kHalf) return false;
+  for (c10::IValue& v : *stack) {
+    if (is_tensor_of(v, narrow)) v = v.toTensor().to(at::kFloat);
+  }
+  op.callBoxed(stack);
+  for (int i = 0; i < narrow_returns; ++i) (*stack)[i] = (*stack)[i].toTensor().to(narrow);
+  return true;
 }
 
 }  // namespace
@@ -184,6 +215,7 @@ void call_with_matmul_precision(const c10::OperatorHandle& op, torch::jit::Stack
       return call_widened(op, stack, *ops, written, a.scalar_type(), at::kFloat);
     }
   }
+  if (!ops && call_attention_widened(op, stack)) return;
   if (!ops || !is_f32((*stack)[ops->a]) || !is_f32((*stack)[ops->b])) {
     op.callBoxed(stack);
     return;

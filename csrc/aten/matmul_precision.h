@@ -58,9 +58,13 @@ bool is_matmul_family(const c10::OperatorHandle& op);
 // slower than float32 GEMM, and the MXU too multiplies bf16 exactly and accumulates in float32.
 // Only with TORCH_TPU_WIDEN_HALF_PRODUCTS=1 (docs/env.md).
 bool widens_half_product(const at::Tensor& a, const at::Tensor& b);
+// Whether half products widen in this process (the opt-in, read once, on a host without AVX-512).
+bool widening_half_products();
 
 // Runs `op` (a CPU kernel over host tensors) on `stack` with the MXU numerics
-// of `precision`; other ops and dtypes run unchanged.
+// of `precision`; other ops and dtypes run unchanged. Under widening_half_products(), CPU's blocked
+// attention kernel and its backward (`_scaled_dot_product_flash_attention_for_cpu[_backward]`)
+// widen too: for bf16 they multiply in ATen's scalar half GEMM on such a host.
 void call_with_matmul_precision(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                                 at::Float32MatmulPrecision precision);
 

@@ -234,6 +234,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_validate_first_call", [](bool on) { set_validate_first_calls(on); });
   m.def("_validate_first_call", [] { return validating_first_calls(); });
   m.def("_fast_kept_calls", [] { return fast_kept_calls(); });
+  m.def("_widening_half_products", [] { return widening_half_products(); });
   m.def(
       "_wait_all_chips_idle", [] { wait_all_chips_idle(); }, py::call_guard<py::gil_scoped_release>());
   // Through torch's warning buffer: the warnings of queued work it delivers reach Python's warnings.
