@@ -87,14 +87,46 @@ void call_widened(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
   stack->push_back(std::move(result));
 }
 
+bool is_half(at::ScalarType dtype) { return dtype == at::kBFloat16 || dtype == at::kHalf; }
+
+// CPU's blocked attention: where its query is, and how many leading returns are in the inputs'
+// dtype (the forward's row log-sum-exp is float32 whatever the inputs). Null: another op.
+struct AttentionArgs {
+  int query;
+  int narrow_returns;
+};
+const AttentionArgs* attention_args(const c10::OperatorHandle& op) {
+  static const AttentionArgs forward{0, 1}, backward{1, 3};
+  const std::string& name = op.schema().name();
+  if (name == "aten::_scaled_dot_product_flash_attention_for_cpu") return &forward;
+  if (name == "aten::_scaled_dot_product_flash_attention_for_cpu_backward") return &backward;
+  return nullptr;
+}
+
+// Runs CPU's blocked attention (forward or backward) over its half tensors widened to float32,
+// rounding the half-typed results once back. False: not such a call.
+bool call_attention_widened(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!widening_half_products()) return false;
+  const AttentionArgs* args = attention_args(op);
+  if (args == nullptr || !(*stack)[args->query].isTensor()) return false;
+  const at::ScalarType narrow = (*stack)[args->query].toTensor().scalar_type();
+  if (!is_half(narrow)) return false;
+  for (c10::IValue& v : *stack) {
+    if (is_tensor_of(v, narrow)) v = v.toTensor().to(at::kFloat);
+  }
+  op.callBoxed(stack);
+  for (int i = 0; i < args->narrow_returns; ++i) (*stack)[i] = (*stack)[i].toTensor().to(narrow);
+  return true;
+}
+
+}  // namespace
+
 // ATen's CPU kernels for bf16 and fp16 products are fast only with AVX-512 (oneDNN); on an AVX2
 // host they fall back to a scalar loop that runs 100-200x slower than float32 GEMM
 // ([2048, 512] x [512, 2048] bf16: 8.5 s against 42 ms). The MXU multiplies bf16 inputs exactly
 // and accumulates in float32, which a float32 GEMM over the widened inputs does too.
 // Opt-in (TORCH_TPU_WIDEN_HALF_PRODUCTS=1): CPU eager's half kernels round partial sums of some
 // products (addbmm, transposed convolution) to the half type, so widened results differ from CPU's.
-}  // namespace
-
 bool widening_half_products() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool widen =
@@ -105,40 +137,8 @@ bool widening_half_products() {
 #endif
 }
 
-namespace {
-
-// CPU's blocked attention: how many leading returns are in the inputs' dtype (the forward's row
-// log-sum-exp is float32 whatever the inputs).
-int half_attention_returns(const c10::OperatorHandle& op) {
-  const std::string& name = op.schema().name();
-  if (name == "aten::_scaled_dot_product_flash_attention_for_cpu") return 1;
-  if (name == "aten::_scaled_dot_product_flash_attention_for_cpu_backward") return 3;
-  return 0;
-}
-
-// Runs CPU's blocked attention (forward or backward) over its half tensors widened to float32,
-// rounding the first `narrow_returns` results once back. False: not such a call.
-bool call_attention_widened(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (!widening_half_products()) return false;
-  const int narrow_returns = half_attention_returns(op);
-  if (narrow_returns == 0) return false;
-  const int query = op.schema().name() == "aten::_scaled_dot_product_flash_attention_for_cpu" ? 0 : 1;
-  if (!(*stack)[query].isTensor()) return false;
-  const at::ScalarType narrow = (*stack)[query].toTensor().scalar_type();
-  if (narrow != at::kBFloat16 && narrow != at::kHalf) return false;
-  for (c10::IValue& v : *stack) {
-    if (is_tensor_of(v, narrow)) v = v.toTensor().to(at::kFloat);
-  }
-  op.callBoxed(stack);
-  for (int i = 0; i < narrow_returns; ++i) (*stack)[i] = (*stack)[i].toTensor().to(narrow);
-  return true;
-}
-
-}  // namespace
-
 bool widens_half_product(const at::Tensor& a, const at::Tensor& b) {
-  const at::ScalarType dtype = a.scalar_type();
-  return (dtype == at::kBFloat16 || dtype == at::kHalf) && b.scalar_type() == dtype && widening_half_products();
+  return is_half(a.scalar_type()) && b.scalar_type() == a.scalar_type() && widening_half_products();
 }
 
 bool is_matmul_family(const c10::OperatorHandle& op) { return operands_of(op) != nullptr; }
@@ -194,6 +194,10 @@ at::Float32MatmulPrecision parse_matmul_precision(const std::string& name) {
 void call_with_matmul_precision(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                                 at::Float32MatmulPrecision precision) {
   const Operands* ops = operands_of(op);
+  if (!ops) {
+    if (!call_attention_widened(op, stack)) op.callBoxed(stack);
+    return;
+  }
   // out= overloads (what structured kernels reach) name their result
   // argument; other writing overloads (addmm_) are in-place.
   const auto& args = op.schema().arguments();
@@ -209,14 +213,13 @@ void call_with_matmul_precision(const c10::OperatorHandle& op, torch::jit::Stack
     }
   }
   const int written = out_arg >= 0 ? out_arg : (in_place ? 0 : -1);
-  if (ops && (*stack)[ops->a].isTensor() && (*stack)[ops->b].isTensor()) {
-    const at::Tensor& a = (*stack)[ops->a].toTensor();
-    if (a.defined() && (*stack)[ops->b].toTensor().defined() && widens_half_product(a, (*stack)[ops->b].toTensor())) {
-      return call_widened(op, stack, *ops, written, a.scalar_type(), at::kFloat);
-    }
+  const c10::IValue& a_arg = (*stack)[ops->a];
+  const c10::IValue& b_arg = (*stack)[ops->b];
+  if (a_arg.isTensor() && a_arg.toTensor().defined() && is_tensor_of(b_arg, a_arg.toTensor().scalar_type()) &&
+      widens_half_product(a_arg.toTensor(), b_arg.toTensor())) {
+    return call_widened(op, stack, *ops, written, a_arg.toTensor().scalar_type(), at::kFloat);
   }
-  if (!ops && call_attention_widened(op, stack)) return;
-  if (!ops || !is_f32((*stack)[ops->a]) || !is_f32((*stack)[ops->b])) {
+  if (!is_f32(a_arg) || !is_f32(b_arg)) {
     op.callBoxed(stack);
     return;
   }
