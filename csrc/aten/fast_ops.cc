@@ -561,16 +561,17 @@ struct Functional<Op, OutOp, at::Tensor(A...)> {
 };
 
 // The out= kernel the worker runs for `OutOp`: ATen's, except the matrix products: bf16 and fp16
-// operands widen to float32 where ATen's half kernels are slow (matmul_precision.h), and mm
-// computes a few rows against a large transposed matrix in host_matmul.h's order (as the
-// fallback's first call does).
+// operands widen to float32 where ATen's half kernels are slow (matmul_precision.h), mm
+// computes a few rows against a large transposed matrix in host_matmul.h's order, and large
+// float32 products run on oneDNN where MKL is slow (host_matmul.h; as the fallback's first call
+// does).
 template <typename OutOp>
 struct WorkerOut : OutOp {};
 template <>
 struct WorkerOut<at::_ops::mm_out> {
   static at::Tensor& call(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
     if (widens_half_product(a, b)) return out.copy_(at::_ops::mm::call(a.to(at::kFloat), b.to(at::kFloat)));
-    if (!mm_few_rows_by_transposed(a, b, out)) at::_ops::mm_out::call(a, b, out);
+    if (!mm_few_rows_by_transposed(a, b, out) && !matmul_on_onednn(a, b, out)) at::_ops::mm_out::call(a, b, out);
     return out;
   }
 };
@@ -588,6 +589,7 @@ struct WorkerOut<at::_ops::addmm_out> {
     if (widens_half_product(a, b) && self.scalar_type() == a.scalar_type()) {
       return out.copy_(at::_ops::addmm::call(self.to(at::kFloat), a.to(at::kFloat), b.to(at::kFloat), beta, alpha));
     }
+    if (addmm_on_onednn(self, a, b, beta, alpha, out)) return out;
     return at::_ops::addmm_out::call(self, a, b, beta, alpha, out);
   }
 };

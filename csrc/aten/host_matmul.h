@@ -22,9 +22,35 @@ namespace torch_tpu {
 // `out` must have shape [M, N] and not overlap a or b (the out= rules).
 bool mm_few_rows_by_transposed(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);
 
-// The boxed form for a host stack: when `op` is aten::mm.out and the product
-// qualifies, computes it, leaves the result on the stack (as callBoxed would)
-// and returns true; otherwise does nothing and returns false.
+// Whether this host sends large float32 products to oneDNN: an AMD CPU with AVX-512 (F, BW, VL,
+// DQ) and TORCH_TPU_ONEDNN_GEMM not 0, read once.
+bool onednn_gemm_on_this_host();
+
+// out = a @ b through oneDNN's matmul (ATen's own at::native::mkldnn_matmul,
+// which CPU eager uses for bf16), for float32 products where ATen's kernel
+// (MKL's sgemm) is slow: on AMD CPUs with AVX-512 MKL takes a code path without
+// it and runs 1.4-2.6x slower than oneDNN ([1024, 1024]^2: 11.7 ms against
+// 6.4 ms on 2 Zen 5 cores, bench/README.md "oneDNN"). K is summed in chunks of
+// 128 (as accurate as MKL's blocked sums, tests/python/ops/test_onednn_gemm.py).
+// a [M, K], b [K, N], out [M, N] contiguous: all float32, M and N at least 64,
+// M * N * K at least 2^26 (below, the two libraries trade places); out must not
+// overlap a or b. Only under a global float32 matmul precision of "highest",
+// with torch.backends.mkldnn enabled and on a host where
+// onednn_gemm_on_this_host(). Returns false, having done nothing, otherwise:
+// the caller runs ATen's kernel.
+bool matmul_on_onednn(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);
+
+// out = beta * self + alpha * (a @ b) (aten::addmm.out) through oneDNN, on matmul_on_onednn's
+// conditions; self float32, broadcastable to out and not overlapping it unless it is out itself;
+// alpha not 0. beta == 0 ignores self's values (NaN included), as ATen does. False, having done
+// nothing: ATen's kernel.
+bool addmm_on_onednn(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
+                     const at::Scalar& alpha, const at::Tensor& out);
+
+// The boxed form for a host stack: when `op` is aten::mm.out or aten::addmm.out
+// and the product qualifies for one of the orders or libraries above, computes
+// it, leaves the result on the stack (as callBoxed would) and returns true;
+// otherwise does nothing and returns false.
 bool call_mm_out_in_faster_order(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 }  // namespace torch_tpu

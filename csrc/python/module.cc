@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "aten/fallback_internal.h"
+#include "aten/host_matmul.h"
 #include "aten/matmul_precision.h"
 #include "aten/portability.h"
 #include "runtime/allocator.h"
@@ -235,6 +236,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_validate_first_call", [] { return validating_first_calls(); });
   m.def("_fast_kept_calls", [] { return fast_kept_calls(); });
   m.def("_widening_half_products", [] { return widening_half_products(); });
+  m.def("_onednn_gemm", [] { return onednn_gemm_on_this_host(); });
   m.def(
       "_wait_all_chips_idle", [] { wait_all_chips_idle(); }, py::call_guard<py::gil_scoped_release>());
   // Through torch's warning buffer: the warnings of queued work it delivers reach Python's warnings.
