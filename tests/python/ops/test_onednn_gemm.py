@@ -60,7 +60,8 @@ def test_values_agree_with_cpu_to_rounding(case):
         torch.testing.assert_close(got, cpu, atol=0, rtol=0)  # ATen's kernel: CPU eager's bits
     else:
         torch.testing.assert_close(got, cpu, atol=1e-4, rtol=1e-5)  # sums of 520 products in another order
-    torch.testing.assert_close(_run(case, "tpu"), got, atol=0, rtol=0)  # the kept (fast-path) call computes as the first
+    # the kept (fast-path) call computes as the first
+    torch.testing.assert_close(_run(case, "tpu"), got, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("k,layout", [(512, "row-major"), (2048, "row-major"), (2048, "linear"), (8192, "row-major")])
@@ -117,7 +118,8 @@ def test_the_switch_off_gives_cpus_bits():
 def test_routed_only_on_amd_avx512_and_then_not_cpus_bits():
     on = _bits_in_subprocess("1")
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    amd_avx512 = "AuthenticAMD" in flags and all(f in flags.split() for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
+    avx512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
+    amd_avx512 = "AuthenticAMD" in flags and all(f in flags.split() for f in avx512)
     assert on["routed"] == amd_avx512 == ROUTED
     # Routed, oneDNN sums in another order than MKL: this product differs from CPU eager's bits
     # somewhere (so the tests above compared oneDNN's values, not MKL's twice).
