@@ -25,8 +25,7 @@ bool onednn_gemm_on_this_host() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool prefers = __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f") &&
                               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                              __builtin_cpu_supports("avx512dq") &&
-                              vtpu::env_flag("TORCH_TPU_ONEDNN_GEMM", true);
+                              __builtin_cpu_supports("avx512dq") && vtpu::env_flag("TORCH_TPU_ONEDNN_GEMM", true);
   return prefers;
 #else
   return false;
@@ -149,12 +148,11 @@ bool call_mm_out_in_faster_order(const c10::OperatorHandle& op, torch::jit::Stac
   bool done = false;
   if (name == "aten::addmm") {
     const c10::IValue& self = (*stack)[first];
-    done = self.isTensor() &&
-           addmm_on_onednn(self.toTensor(), arg(1), arg(2), (*stack)[first + 3].toScalar(),
-                           (*stack)[first + 4].toScalar(), out);
+    done = self.isTensor() && addmm_on_onednn(self.toTensor(), arg(1), arg(2), (*stack)[first + 3].toScalar(),
+                                              (*stack)[first + 4].toScalar(), out);
   } else {
-    done = (name == "aten::mm" && mm_few_rows_by_transposed(arg(0), arg(1), out)) ||
-           matmul_on_onednn(arg(0), arg(1), out);
+    done =
+        (name == "aten::mm" && mm_few_rows_by_transposed(arg(0), arg(1), out)) || matmul_on_onednn(arg(0), arg(1), out);
   }
   if (!done) return false;
   torch::jit::drop(*stack, arity);
