@@ -1,11 +1,13 @@
 #include "aten/host_matmul.h"
 
 #include <ATen/Context.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "vtpu/env.h"
 
@@ -124,9 +126,12 @@ bool mm_few_rows_by_transposed(const at::Tensor& a, const at::Tensor& b, const a
 bool addmm_on_onednn(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
                      const at::Scalar& alpha, const at::Tensor& out) {
   if (self.scalar_type() != at::kFloat || !onednn_pays(a, b, out)) return false;
+  // ATen's kernel checks that self broadcasts to out even when beta == 0 ignores it.
+  if (!at::is_expandable_to(self.sizes(), out.sizes())) return false;
   const float beta_f = beta.to<float>(), alpha_f = alpha.to<float>();
-  // alpha == 0: oneDNN's matmul returns without writing out (ATen's kernel scales self by beta).
-  if (alpha_f == 0.f) return false;
+  // alpha == 0: oneDNN's matmul returns without writing out (ATen's kernel scales self by beta);
+  // NaN: MKL's sgemm gives CPU eager's result, which is not NaN everywhere.
+  if (alpha_f == 0.f || std::isnan(alpha_f)) return false;
   if (beta_f != 0.f && !self.is_same(out)) {
     // out starts as self (broadcast), which oneDNN's sum post-op scales by beta.
     if (!no_overlap(out, self)) return false;

@@ -42,7 +42,7 @@ bool matmul_on_onednn(const at::Tensor& a, const at::Tensor& b, const at::Tensor
 
 // out = beta * self + alpha * (a @ b) (aten::addmm.out) through oneDNN, on matmul_on_onednn's
 // conditions; self float32, broadcastable to out and not overlapping it unless it is out itself;
-// alpha not 0. beta == 0 ignores self's values (NaN included), as ATen does. False, having done
+// alpha not 0 or NaN. beta == 0 ignores self's values (NaN included), as ATen does. False, having done
 // nothing: ATen's kernel.
 bool addmm_on_onednn(const at::Tensor& self, const at::Tensor& a, const at::Tensor& b, const at::Scalar& beta,
                      const at::Scalar& alpha, const at::Tensor& out);

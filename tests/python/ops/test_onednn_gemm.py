@@ -87,6 +87,23 @@ def test_beta_zero_ignores_nan_and_alpha_zero_scales_self():
     assert (zeros == 0).all()
 
 
+def test_beta_zero_still_checks_that_self_broadcasts():
+    a, b = torch.randn(M, K), torch.randn(K, N)
+    for bad in (torch.randn(M, 5), torch.randn(M, N + 1), torch.randn(1, M, N)):
+        with pytest.raises(RuntimeError) as cpu:
+            torch.addmm(bad, a, b, beta=0)
+        with pytest.raises(type(cpu.value)):
+            torch.addmm(bad.tpu(), a.tpu(), b.tpu(), beta=0).cpu()
+
+
+def test_nan_alpha_gives_cpus_result():
+    torch.manual_seed(3)
+    s, a, b = torch.randn(M, N), torch.randn(M, K), torch.randn(K, N)
+    cpu = torch.addmm(s, a, b, alpha=float("nan"))
+    got = torch.addmm(s.tpu(), a.tpu(), b.tpu(), alpha=float("nan")).cpu()
+    torch.testing.assert_close(got, cpu, atol=0, rtol=0, equal_nan=True)
+
+
 def test_out_overlapping_an_operand_gives_cpus_result():
     torch.manual_seed(2)
     results = []
