@@ -20,7 +20,7 @@ TORCH_API void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2, con
 
 namespace torch_tpu {
 
-// On AMD CPUs MKL's sgemm runs its AVX2 code (2-2.6x slower than oneDNN's AVX-512 kernels on
+// On AMD CPUs MKL's sgemm runs its AVX2 code (1.4-2.6x slower than oneDNN's AVX-512 kernels on
 // Zen 5); on Intel CPUs MKL uses AVX-512 itself. ATen's oneDNN float32 matmul needs AVX-512
 // BW/VL/DQ (mkldnn_bf16_device_check).
 bool onednn_gemm_on_this_host() {
@@ -46,8 +46,7 @@ bool onednn_pays(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out
   // faster; below 2^26 multiply-adds, or with fewer than 64 rows or columns (a decode step's
   // products), the two trade places and the K-chunk copies below cost more than they save.
   constexpr int64_t kMinMacs = int64_t{1} << 26, kMinSide = 64;
-  if (!onednn_gemm_on_this_host() || !at::globalContext().userEnabledMkldnn()) return false;
-  if (at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST) return false;
+  if (!onednn_gemm_on_this_host()) return false;
   if (a.scalar_type() != at::kFloat || b.scalar_type() != at::kFloat || out.scalar_type() != at::kFloat) return false;
   if (a.dim() != 2 || b.dim() != 2 || out.dim() != 2) return false;
   if (a.is_conj() || b.is_conj() || a.is_neg() || b.is_neg() || out.is_conj() || out.is_neg()) return false;
@@ -55,7 +54,10 @@ bool onednn_pays(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out
   if (b.size(0) != k || out.size(0) != m || out.size(1) != n) return false;
   if (m < kMinSide || n < kMinSide || m * n * k < kMinMacs) return false;
   if (!out.is_contiguous() || at::has_internal_overlap(out) != at::MemOverlap::No) return false;
-  return no_overlap(out, a) && no_overlap(out, b);
+  if (!no_overlap(out, a) || !no_overlap(out, b)) return false;
+  // The global settings last: every float32 product on the worker comes through here.
+  const at::Context& context = at::globalContext();
+  return context.userEnabledMkldnn() && context.float32MatmulPrecision() == at::Float32MatmulPrecision::HIGHEST;
 }
 
 // Columns [k0, k0 + width) of `t` ([rows, K]) in a layout oneDNN's matmul takes without its own
@@ -150,15 +152,11 @@ bool call_mm_out_in_faster_order(const c10::OperatorHandle& op, torch::jit::Stac
   const size_t first = stack->size() - arity;
   auto arg = [&](size_t i) -> const at::Tensor& { return (*stack)[first + i].toTensor(); };
   at::Tensor out = arg(arity - 1);
-  bool done = false;
-  if (name == "aten::addmm") {
-    const c10::IValue& self = (*stack)[first];
-    done = self.isTensor() && addmm_on_onednn(self.toTensor(), arg(1), arg(2), (*stack)[first + 3].toScalar(),
-                                              (*stack)[first + 4].toScalar(), out);
-  } else {
-    done =
-        (name == "aten::mm" && mm_few_rows_by_transposed(arg(0), arg(1), out)) || matmul_on_onednn(arg(0), arg(1), out);
-  }
+  const bool done =
+      name == "aten::addmm"
+          ? (*stack)[first].isTensor() && addmm_on_onednn(arg(0), arg(1), arg(2), (*stack)[first + 3].toScalar(),
+                                                          (*stack)[first + 4].toScalar(), out)
+          : mm_few_rows_by_transposed(arg(0), arg(1), out) || matmul_on_onednn(arg(0), arg(1), out);
   if (!done) return false;
   torch::jit::drop(*stack, arity);
   stack->push_back(std::move(out));
