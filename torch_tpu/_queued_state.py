@@ -22,6 +22,8 @@ _SETTERS = (
     (torch, "use_deterministic_algorithms"),
     (torch, "set_deterministic_debug_mode"),
     (torch, "set_float32_matmul_precision"),
+    # what every torch.backends.*.fp32_precision assignment calls (looked up at each call)
+    (torch._C, "_set_fp32_precision_setter"),
 )
 
 

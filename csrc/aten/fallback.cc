@@ -623,8 +623,8 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     // (Not for products at reduced precision, nor at HIGHEST under a lower
     // global setting: their passes need temporaries.)
     std::optional<c10::OperatorHandle> out_op;
-    const bool exact_cpu_kernel = info.matmul && precision == at::Float32MatmulPrecision::HIGHEST &&
-                                  at::globalContext().float32MatmulPrecision() == precision;
+    const bool exact_cpu_kernel =
+        info.matmul && precision == at::Float32MatmulPrecision::HIGHEST && host_float32_products_exact();
     if (!philox && !fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
         (exact_cpu_kernel || !info.matmul) && info.meta_check != OpInfo::MetaCheck::kLayerNormDtype) {
       out_op = info.out_variant;  // (native_layer_norm.out is a generated wrapper that copies: not it)

@@ -228,7 +228,7 @@ class FastOp {
   void precision_key(FastKey& key) const {
     if (!matmul_) return;
     key.integer(static_cast<int64_t>(effective_matmul_precision()));
-    key.integer(static_cast<int64_t>(at::globalContext().float32MatmulPrecision()));
+    key.integer(host_float32_products_exact() ? 1 : 0);
   }
 
   // The fallback's call; keeps its outcome under `key` when it took this file's path.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "aten/matmul_precision.h"
 #include "vtpu/env.h"
 
 // ATen's oneDNN matmul (aten/src/ATen/native/mkldnn/Matmul.h, exported with TORCH_API; the header
@@ -57,7 +58,7 @@ bool onednn_pays(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out
   if (!no_overlap(out, a) || !no_overlap(out, b)) return false;
   // The global settings last: every float32 product on the worker comes through here.
   const at::Context& context = at::globalContext();
-  return context.userEnabledMkldnn() && context.float32MatmulPrecision() == at::Float32MatmulPrecision::HIGHEST;
+  return context.userEnabledMkldnn() && host_float32_products_exact();
 }
 
 // Columns [k0, k0 + width) of `t` ([rows, K]) in a layout oneDNN's matmul takes without its own

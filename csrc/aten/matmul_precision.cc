@@ -4,6 +4,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <unordered_map>
@@ -152,9 +153,30 @@ std::optional<at::Float32MatmulPrecision> matmul_precision_override() {
   return std::nullopt;  // another object under our key: not ours to interpret
 }
 
+at::Float32MatmulPrecision global_matmul_precision() {
+  const at::Context& context = at::globalContext();
+  const auto rank = [](at::Float32Precision p) {
+    if (p == at::Float32Precision::BF16) return at::Float32MatmulPrecision::MEDIUM;
+    if (p == at::Float32Precision::TF32) return at::Float32MatmulPrecision::HIGH;
+    return at::Float32MatmulPrecision::HIGHEST;
+  };
+  // The enum runs HIGHEST, HIGH, MEDIUM: the larger value is the lower precision.
+  return std::max(rank(context.float32Precision(at::Float32Backend::MKLDNN, at::Float32Op::MATMUL)),
+                  rank(context.float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL)));
+}
+
+bool host_float32_products_exact() {
+  const at::Context& context = at::globalContext();
+  const auto exact = [](at::Float32Precision p) {
+    return p == at::Float32Precision::IEEE || p == at::Float32Precision::NONE;
+  };
+  return exact(context.float32Precision(at::Float32Backend::MKLDNN, at::Float32Op::MATMUL)) &&
+         exact(context.float32Precision(at::Float32Backend::MKLDNN, at::Float32Op::CONV));
+}
+
 at::Float32MatmulPrecision effective_matmul_precision() {
   auto local = matmul_precision_override();
-  return local ? *local : at::globalContext().float32MatmulPrecision();
+  return local ? *local : global_matmul_precision();
 }
 
 void set_matmul_precision_override(std::optional<at::Float32MatmulPrecision> precision) {
@@ -225,11 +247,12 @@ void call_with_matmul_precision(const c10::OperatorHandle& op, torch::jit::Stack
   }
   if (precision == at::Float32MatmulPrecision::HIGHEST) {
     // Read now, on the thread that runs the kernel: what ATen's CPU kernel will do.
-    if (at::globalContext().float32MatmulPrecision() == at::Float32MatmulPrecision::HIGHEST) {
+    if (host_float32_products_exact()) {
       if (!call_mm_out_in_faster_order(op, stack)) op.callBoxed(stack);
     } else {
-      // ATen's kernel would itself round: under a global "medium" (a torch.tpu.precision(HIGHEST)
-      // block), oneDNN computes float32 products on CPUs with bf16 units in bf16.
+      // ATen's kernel may itself round: under mkldnn's "bf16" (a global "medium" and a
+      // torch.tpu.precision(HIGHEST) block), oneDNN computes float32 products on CPUs with bf16
+      // units in bf16.
       call_widened(op, stack, *ops, written, at::kFloat, at::kDouble);
     }
     return;

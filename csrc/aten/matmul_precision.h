@@ -21,10 +21,25 @@
 namespace torch_tpu {
 
 // The precision a float32 product issued now uses: the calling thread's
-// override (torch.tpu.precision) if one is set, else the global
-// torch.get_float32_matmul_precision(). Read once per op, at the call: work
-// queued on a chip's stream carries the value read here.
+// override (torch.tpu.precision) if one is set, else global_matmul_precision().
+// Read once per op, at the call: work queued on a chip's stream carries the
+// value read here.
 at::Float32MatmulPrecision effective_matmul_precision();
+
+// torch.get_float32_matmul_precision()'s value, read from the per-backend
+// settings its setter writes (torch.backends.mkldnn.matmul and
+// torch.backends.cuda.matmul .fp32_precision, inheriting as PyTorch's do): the
+// lower of the two ("bf16": medium, "tf32": high, else highest). Each pair the
+// legacy setter writes gives its value back; a pair it never writes (the
+// per-backend API used alone or mixed with it, where the getter raises) still
+// has one: a backend asked for reduced-precision products.
+at::Float32MatmulPrecision global_matmul_precision();
+
+// Whether ATen's CPU matmul and convolution kernels compute float32 products in
+// float32 (mkldnn's matmul and conv precisions "ieee" or unset), read on the
+// thread that runs them: with "bf16" or "tf32" oneDNN may round them on hosts
+// with bf16 or AMX units.
+bool host_float32_products_exact();
 
 // The calling thread's override (nullopt: none). The override lives in
 // PyTorch's thread-local state (at::impl::ThreadLocalPythonObjects), which

@@ -50,8 +50,7 @@ bool flash_allowed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   if (q.scalar_type() != k.scalar_type() || q.scalar_type() != v.scalar_type() || !flash_dtype(q.scalar_type()))
     return false;
   if (q.scalar_type() == at::kFloat &&
-      (effective_matmul_precision() != at::Float32MatmulPrecision::HIGHEST ||
-       at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST))
+      (effective_matmul_precision() != at::Float32MatmulPrecision::HIGHEST || !host_float32_products_exact()))
     return false;
   // Same batch, heads and head dim everywhere (grouped-query heads take math); K and V the same length.
   if (q.size(0) != k.size(0) || q.size(0) != v.size(0) || q.size(1) != k.size(1) || q.size(1) != v.size(1) ||

@@ -60,6 +60,22 @@ def test_matmul_precision_of_the_call():
     torch.testing.assert_close(got, x @ y, rtol=1e-6, atol=1e-5)
 
 
+def test_matmul_precision_of_the_call_set_through_the_backend_api():
+    x = torch.randn(256, 256)
+    y = torch.randn(256, 256)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    (xt @ yt).cpu()
+    saved = torch.backends.mkldnn.matmul.fp32_precision
+    _busy()
+    try:
+        p = xt @ yt  # issued with float32 products exact on CPU too
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        got = p.cpu()
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = saved
+    torch.testing.assert_close(got, x @ y, rtol=1e-6, atol=1e-5)
+
+
 def test_rng_seeded_after_the_call_does_not_change_it():
     torch.manual_seed(1)
     want = torch.randn(1000, device="tpu").cpu()
