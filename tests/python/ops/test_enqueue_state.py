@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torch_tpu
+from helpers.backend_flags import settable_backend_flags
 from helpers.devices import needs_v6e_8
 
 pytestmark = needs_v6e_8
@@ -67,12 +68,13 @@ def test_matmul_precision_of_the_call_set_through_the_backend_api():
     (xt @ yt).cpu()
     saved = torch.backends.mkldnn.matmul.fp32_precision
     _busy()
-    try:
-        p = xt @ yt  # issued with float32 products exact on CPU too
-        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
-        got = p.cpu()
-    finally:
-        torch.backends.mkldnn.matmul.fp32_precision = saved
+    with settable_backend_flags():
+        try:
+            p = xt @ yt  # issued with float32 products exact on CPU too
+            torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+            got = p.cpu()
+        finally:
+            torch.backends.mkldnn.matmul.fp32_precision = saved
     torch.testing.assert_close(got, x @ y, rtol=1e-6, atol=1e-5)
 
 

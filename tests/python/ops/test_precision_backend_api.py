@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import torch_tpu  # noqa: F401
+from helpers.backend_flags import settable_backend_flags
 from helpers.mxu import bf16 as _bf16
 from helpers.mxu import three_pass as _three_pass
 
@@ -15,13 +16,14 @@ _SETTINGS = (torch.backends, torch.backends.mkldnn, torch.backends.mkldnn.matmul
 
 @pytest.fixture
 def backends():
-    """Restores every per-backend setting (and the legacy one) a test changes."""
+    """Lets a test set the per-backend settings; restores them (and the legacy one) after it."""
     legacy = torch.get_float32_matmul_precision()
     old = [s.fp32_precision for s in _SETTINGS]
-    yield torch.backends
-    torch.set_float32_matmul_precision(legacy)
-    for setting, value in zip(_SETTINGS, old):
-        setting.fp32_precision = value
+    with settable_backend_flags():
+        yield torch.backends
+        torch.set_float32_matmul_precision(legacy)
+        for setting, value in zip(_SETTINGS, old):
+            setting.fp32_precision = value
     assert torch.get_float32_matmul_precision() == legacy
 
 
