@@ -63,7 +63,8 @@ struct DeferStats {
   uint64_t kernels_launched = 0;      // fused kernels queued
   uint64_t regions_split = 0;         // regions run in cache-sized row chunks (over the host threads)
   uint64_t regions_in_parts = 0;      // regions run as independent parts over the host threads
-  uint64_t single_op_regions = 0;     // regions of one op, run with ATen's kernel
+  uint64_t regions_replayed = 0;      // regions whose results all reached HBM, run with ATen's kernels
+  uint64_t single_op_regions = 0;     // of those, regions of one op
   uint64_t outputs_materialized = 0;  // region results given HBM
   uint64_t outputs_dead = 0;          // region results nobody held at the flush
   uint64_t hbm_bytes_avoided = 0;     // physical bytes of results never allocated
@@ -82,8 +83,9 @@ DeferStats defer_stats();
 void defer_reset_stats();
 // Number of ATen ops waiting in pending regions (all chips).
 int64_t defer_pending_ops();
-// Whether a region of a single recorded op runs ATen's kernel for it instead
-// of a compiled kernel (default on; TORCH_TPU_DEFER_SINGLE_OP_ATEN=0 turns it off).
+// Whether a region of a single recorded op, or one whose results are all still
+// held at the flush, runs ATen's kernels op by op instead of compiled kernels
+// (default on; TORCH_TPU_DEFER_SINGLE_OP_ATEN=0 turns it off).
 void defer_set_single_op_aten(bool enabled);
 bool defer_single_op_aten();
 

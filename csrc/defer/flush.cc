@@ -320,7 +320,7 @@ void flush_locked(ChipState& cs, Reason why) {
   uint64_t avoided = 0, dead = 0, allocated = 0;
   for (const c10::StorageImpl* key : r->outputs) {
     Entry& e = r->storages.at(key);
-    if (e.kind == Entry::Kind::kPending && e.storage.use_count() == 1) {
+    if (e.kind == Entry::Kind::kPending && e.storage.use_count() == 1 + static_cast<size_t>(e.replay_refs)) {
       avoided += e.layout.physical();
       ++dead;
       continue;
@@ -333,7 +333,7 @@ void flush_locked(ChipState& cs, Reason why) {
   Launch launch;
   std::string compile_error;
   bool miss = false;
-  const bool replay = r->replay && num_ops == 1 && outs.size() == 1 && outs[0]->kind == Entry::Kind::kPending;
+  const bool replay = dead == 0 && r->replays.size() == static_cast<size_t>(num_ops);
   if (!outs.empty()) {
     std::vector<ValueId> extra;
     if (!replay) {
@@ -358,6 +358,10 @@ void flush_locked(ChipState& cs, Reason why) {
     try {
       for (; allocating < outs.size(); ++allocating) {
         Entry* e = outs[allocating];
+        if (replay && e->kind == Entry::Kind::kWritten) {  // ATen's in-place kernel writes it
+          data.emplace_back();
+          continue;
+        }
         data.push_back(tpu_allocator().allocate_on(r->device, e->layout.nbytes(), e->layout.physical()));
         allocated += e->layout.physical();
       }
@@ -379,24 +383,33 @@ void flush_locked(ChipState& cs, Reason why) {
       TORCH_CHECK(false, what, " (allocating the result of ", op, ", deferred by defer_and_fuse)");
     }
     if (replay) {
-      Entry& e = *outs[0];
-      e.storage.set_data_ptr_noswap(std::move(data[0]));
-      torch::jit::Stack stack(r->replay->args.begin(), r->replay->args.end());
-      at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(e.storage),
-                                                                c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                                c10::scalarTypeToTypeMeta(e.layout.dtype));
-      out.unsafeGetTensorImpl()->set_sizes_and_strides(e.layout.sizes, e.layout.strides, e.layout.offset);
-      stack.push_back(std::move(out));
-      {
-        at::AutoDispatchBelowADInplaceOrView below_autograd;
-        r->replay->op.callBoxed(&stack);  // the tpu fallback queues ATen's kernel (tls_in_flush: not recorded)
+      for (size_t i = 0; i < outs.size(); ++i) {
+        if (outs[i]->kind == Entry::Kind::kPending) outs[i]->storage.set_data_ptr_noswap(std::move(data[i]));
+      }
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      for (const Replay& op : r->replays) {
+        torch::jit::Stack stack(op.args.begin(), op.args.end());
+        if (op.result) {
+          const Entry& e = r->storages.at(op.result);
+          at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(e.storage),
+                                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                                    c10::scalarTypeToTypeMeta(e.layout.dtype));
+          out.unsafeGetTensorImpl()->set_sizes_and_strides(e.layout.sizes, e.layout.strides, e.layout.offset);
+          if (op.result_first) {
+            stack.insert(stack.begin(), std::move(out));
+          } else {
+            stack.push_back(std::move(out));
+          }
+        }
+        op.op.callBoxed(&stack);  // the tpu fallback queues ATen's kernel (tls_in_flush: not recorded)
       }
       update_stats([&](DeferStats& s) {
         ++s.regions_flushed;
         ++s.regions_run;
-        ++s.single_op_regions;
-        s.ops_fused += 1;
-        s.outputs_materialized += 1;
+        ++s.regions_replayed;
+        if (num_ops == 1) ++s.single_op_regions;
+        s.ops_fused += static_cast<uint64_t>(num_ops);
+        s.outputs_materialized += outs.size();
         s.hbm_bytes_allocated += allocated;
         count_reason(s, why);
       });

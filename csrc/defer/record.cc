@@ -216,6 +216,8 @@ class SiteSink final : public ScalarSink {
 // one kwarg-only Tensor(a!).
 std::optional<c10::OperatorHandle> out_overload(const c10::OperatorHandle& op, const OpInfo& info) {
   if (info.out_variant) return info.out_variant;
+  // A dtype conversion on the chip (the result is a tpu tensor): copy_ into the result, as ATen's _to_copy does.
+  if (info.label == "aten::_to_copy") return c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
   static std::mutex mu;
   static std::unordered_map<const OpInfo*, std::optional<c10::OperatorHandle>> cache;
   std::lock_guard<std::mutex> lock(mu);
@@ -246,6 +248,13 @@ LowerFn lowering_for(const OpInfo& info) {
   LowerFn fn = find_lowering(info.label);
   cache.emplace(&info, fn);
   return fn;
+}
+
+// The region has an op ATen's kernels cannot replay: it runs compiled.
+void release_replays(Region& r) {
+  if (r.replays.empty()) return;
+  r.replays.clear();
+  for (auto& [key, e] : r.storages) e.replay_refs = 0;
 }
 
 void count_fallback() {
@@ -397,12 +406,16 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
   }
   const int32_t op_index = static_cast<int32_t>(r.ops.size());
   r.ops.push_back(OpRecord{&info.label, std::move(source)});
+  // Every op so far kept for ATen's kernels, in case no result of the region dies (see Region::replays).
   std::optional<c10::OperatorHandle> out_op;
-  if (op_index == 0 && !inplace && r.rng_params == 0 && g_single_op_aten.load(std::memory_order_relaxed))
-    out_op = out_overload(op, info);
+  if (r.replays.size() == static_cast<size_t>(op_index) && r.rng_params == 0 &&
+      g_single_op_aten.load(std::memory_order_relaxed))
+    out_op = inplace ? std::optional<c10::OperatorHandle>(op) : out_overload(op, info);
   if (out_op) {
     // tpu tensors as they are now: their metadata may change in place before the flush.
     std::vector<c10::IValue> snapshot(args.begin(), args.end());
+    const bool result_first = !inplace && out_op->schema().name() == "aten::copy_";
+    if (result_first) snapshot.assign({args[0], c10::IValue(false)});  // copy_(result, self, non_blocking)
     for (auto& v : snapshot) {
       if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().device().type() != c10::DeviceType::PrivateUse1)
         continue;
@@ -410,11 +423,13 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
       at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
           c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), t.dtype());
       alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+      auto it = r.storages.find(t.storage().unsafeGetStorageImpl());
+      if (it != r.storages.end() && it->second.kind == Entry::Kind::kPending) ++it->second.replay_refs;
       v = std::move(alias);
     }
-    r.replay = Replay{*out_op, std::move(snapshot)};
+    r.replays.push_back(Replay{*out_op, std::move(snapshot), nullptr, result_first});
   } else {
-    r.replay.reset();
+    release_replays(r);
   }
   r.value_op.resize(static_cast<size_t>(r.builder.graph().num_ops()), op_index);
 
@@ -432,6 +447,7 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
     e.value = L.results[0];
     e.op = op_index;
     r.outputs.push_back(key);
+    if (out_op) r.replays.back().result = key;
   }
   for (const auto& o : operands) {  // what would not port to a TPU, as the strict path reports it
     if (o.kind == Operand::Kind::kTensor && unsupported_on_tpu(o.tensor.scalar_type())) {

@@ -80,6 +80,7 @@ struct Entry {
   ValueId value = -1;                             // kPending / kWritten: the current value
   int32_t op = -1;                                // the recorded op that produced `value`
   std::vector<std::pair<Layout, ValueId>> reads;  // parameters over this storage
+  int32_t replay_refs = 0;                        // kPending: references held by Region::replays
 };
 
 // Parameter k of a region: a tensor it reads, or a user scalar that changes
@@ -102,12 +103,17 @@ struct Param {
   std::optional<RngDraw> rng;  // a mask drawn at run time, in recording order
 };
 
-// A region of one recorded op runs ATen's kernel for it: fusion gains
-// nothing there, and ATen's kernel for a lone softmax or gelu is faster than
-// the executor's. `op` is the op's out= overload, called with the result.
+// A region whose results all reach HBM (one op, or every result still held at
+// the flush: saved for backward, read by a strict op) runs ATen's kernels op
+// by op: fusion saves no memory traffic there, and ATen's kernel for a lone
+// softmax or gelu is faster than the executor's. `op` is the op's out=
+// overload, called with the op's result (for _to_copy: copy_(result, self)),
+// or for an in-place op the op itself.
 struct Replay {
   c10::OperatorHandle op;
   std::vector<c10::IValue> args;
+  const c10::StorageImpl* result = nullptr;  // the result's storage; null: the op writes args[0]
+  bool result_first = false;                 // the result goes before args (copy_), not after (out=)
 };
 
 struct Region {
@@ -120,8 +126,9 @@ struct Region {
   std::vector<Param> params;                     // parameter k is params[k]
   std::vector<int32_t> value_op;                 // per value: index in ops, or -1
   std::vector<OpRecord> ops;
-  std::optional<Replay> replay;  // while ops holds one op
-  int rng_params = 0;            // masks drawn when it runs (g_rng_regions)
+  // One per op while every op recorded is in place or has an out= overload, and draws no random numbers.
+  std::vector<Replay> replays;
+  int rng_params = 0;  // masks drawn when it runs (g_rng_regions)
 };
 
 // Detects a repeating op sequence (a training loop) so that regions end at

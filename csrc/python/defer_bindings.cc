@@ -27,6 +27,7 @@ void register_defer_bindings(py::module_& m) {
     d["kernels_launched"] = s.kernels_launched;
     d["regions_split"] = s.regions_split;
     d["regions_in_parts"] = s.regions_in_parts;
+    d["regions_replayed"] = s.regions_replayed;
     d["single_op_regions"] = s.single_op_regions;
     d["outputs_materialized"] = s.outputs_materialized;
     d["outputs_dead"] = s.outputs_dead;

@@ -32,8 +32,10 @@ def region_stats() -> dict[str, int | dict[str, int]]:
       ``TORCH_TPU_DEFER_SPLIT_ELEMENTS`` elements); ``regions_in_parts``: regions
       that could not be split whole (results of different lengths) and ran as
       independent parts, each split when it can, over the host threads;
-      ``single_op_regions``:
-      regions of one op, run with ATen's kernel for it instead of a compiled one.
+      ``regions_replayed``: regions whose results all reached HBM (saved for
+      backward, read by a strict op: fusing them saves no memory traffic), run
+      op by op with ATen's kernels instead of compiled ones;
+      ``single_op_regions``: of those, regions of one op.
     * ``outputs_materialized`` / ``outputs_dead``: region results given HBM at
       the flush / dropped because nothing but the region held them.
     * ``hbm_bytes_avoided``: physical (tiled) HBM bytes of the dropped

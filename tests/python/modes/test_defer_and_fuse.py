@@ -146,6 +146,79 @@ def test_single_op_regions_run_atens_kernel(defer):
     assert s["single_op_regions"] == 2 and s["regions_compiled"] + s["cache_hits"] == 1, s
 
 
+def test_regions_whose_results_all_live_run_atens_kernels(defer):
+    x = torch.randn(64, 256)
+    xt = x.tpu()
+    y = xt * 3                      # every result held: ATen's kernels, bit for bit
+    e = torch.exp(y)
+    z = e + y
+    w = F.gelu(z)
+    ty, te = x * 3, torch.exp(x * 3)
+    assert torch.equal(w.cpu(), F.gelu(te + ty)) and torch.equal(z.cpu(), te + ty)
+    assert torch.equal(e.cpu(), te) and torch.equal(y.cpu(), ty)
+    s = stats()
+    assert s["regions_replayed"] == 1 and s["kernels_launched"] == 0 and s["ops_fused"] == 4, s
+    v = F.gelu(torch.exp(xt * 3) + 1)  # intermediates dropped: compiled
+    torch.testing.assert_close(v.cpu(), F.gelu(torch.exp(x * 3) + 1))
+    s = stats()
+    assert s["regions_replayed"] == 1 and s["kernels_launched"] >= 1 and s["outputs_dead"] == 3, s
+
+
+def test_replayed_regions_keep_in_place_writes_and_dtype_conversions_in_order(defer):
+    x, b = torch.randn(32, 128), torch.randn(32, 128)
+    xt, bt = x.tpu(), b.tpu()
+    h = xt.to(torch.bfloat16)       # _to_copy: copy_ into the result
+    g = h * 2
+    bb = bt.to(torch.bfloat16)
+    g.add_(bb)                      # in place on a region result
+    gf = g.float()
+    xt.mul_(gf)                     # in place on memory the region read before
+    h_ref = x.bfloat16()
+    g_ref = (h_ref * 2).add_(b.bfloat16())
+    assert torch.equal(xt.cpu(), x * g_ref.float())
+    assert torch.equal(g.cpu(), g_ref) and torch.equal(h.cpu(), h_ref) and torch.equal(gf.cpu(), g_ref.float())
+    assert torch.equal(bb.cpu(), b.bfloat16())
+    s = stats()
+    assert s["regions_replayed"] >= 1 and s["kernels_launched"] == 0, s
+
+
+def test_replayed_regions_give_strict_modes_gradients(defer_global):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128),
+                                torch.nn.Linear(128, 8))
+    x = torch.randn(16, 64)
+    ref = [p.detach().clone() for p in model.parameters()]
+    model.tpu()
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("tpu", dtype=torch.bfloat16):
+            loss = model(x.tpu()).float().square().mean()
+        loss.backward()
+        return [p.grad.cpu() for p in model.parameters()]
+
+    deferred = grads()
+    torch_tpu.set_eager_mode("strict")
+    strict = grads()
+    for d, st in zip(deferred, strict):
+        assert torch.equal(d, st)
+    assert stats()["regions_replayed"] >= 1
+    assert all(torch.equal(p.cpu(), r) for p, r in zip(model.parameters(), ref))
+
+
+def test_replay_off_compiles_regions_whose_results_live(defer, fused_single_ops):
+    x = torch.randn(64, 256)
+    xt = x.tpu()
+    y = xt * 3
+    e = torch.exp(y)
+    z = e + y
+    torch.testing.assert_close(z.cpu(), torch.exp(x * 3) + x * 3)
+    torch.testing.assert_close(e.cpu(), torch.exp(x * 3))
+    torch.testing.assert_close(y.cpu(), x * 3)
+    s = stats()
+    assert s["regions_replayed"] == 0 and s["kernels_launched"] >= 1, s
+
+
 def test_bf16_arithmetic_rounds_per_op_like_eager(defer):
     x, y = (torch.randn(4096) * 10).bfloat16(), torch.randn(4096).bfloat16()
     f = lambda x, y: ((x * 0.1 + y) * y - x / 3).clamp(-2, 2) * 1.5  # noqa: E731
