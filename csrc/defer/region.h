@@ -103,10 +103,10 @@ struct Param {
   std::optional<RngDraw> rng;  // a mask drawn at run time, in recording order
 };
 
-// A region whose results all reach HBM (one op, or every result still held at
-// the flush: saved for backward, read by a strict op) runs ATen's kernels op
-// by op: fusion saves no memory traffic there, and ATen's kernel for a lone
-// softmax or gelu is faster than the executor's. `op` is the op's out=
+// A region whose results (nearly) all reach HBM (one op, or the results held at
+// the flush: saved for backward, read by a strict op; see flush.cc) runs ATen's
+// kernels op by op: fusion saves little memory traffic there, and ATen's
+// kernel for a lone softmax or gelu is faster than the executor's. `op` is the op's out=
 // overload, called with the op's result (for _to_copy: copy_(result, self)),
 // or for an in-place op the op itself.
 struct Replay {

@@ -164,6 +164,16 @@ def test_regions_whose_results_all_live_run_atens_kernels(defer):
     assert s["regions_replayed"] == 1 and s["kernels_launched"] >= 1 and s["outputs_dead"] == 3, s
 
 
+def test_regions_that_keep_few_bytes_out_of_hbm_run_atens_kernels(defer):
+    x = torch.randn(512, 256)
+    xt = x.tpu()
+    bias_sum = xt.sum(0) * 2        # the [256] sum dies: fusion would keep 1 KiB out of HBM
+    e = torch.exp(xt)               # ... next to 512 KiB it must write anyway
+    assert torch.equal(e.cpu(), torch.exp(x)) and torch.equal(bias_sum.cpu(), x.sum(0) * 2)
+    s = stats()
+    assert s["regions_replayed"] == 1 and s["kernels_launched"] == 0 and s["outputs_dead"] == 1, s
+
+
 def test_replayed_regions_keep_in_place_writes_and_dtype_conversions_in_order(defer):
     x, b = torch.randn(32, 128), torch.randn(32, 128)
     xt, bt = x.tpu(), b.tpu()
