@@ -3,6 +3,7 @@
 // defer.h and region.h).
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/from_blob.h>
+#include <c10/core/StreamGuard.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
@@ -397,6 +398,7 @@ void flush_locked(ChipState& cs, Reason why) {
         if (outs[i]->kind == Entry::Kind::kPending) outs[i]->storage.set_data_ptr_noswap(std::move(data[i]));
       }
       at::AutoDispatchBelowADInplaceOrView below_autograd;
+      c10::StreamGuard on_region_stream(r->stream);  // the flushing thread may be on another stream
       for (const Replay& op : r->replays) {
         torch::jit::Stack stack(op.args.begin(), op.args.end());
         if (op.result) {

@@ -216,6 +216,25 @@ def test_replayed_regions_give_strict_modes_gradients(defer_global):
     assert all(torch.equal(p.cpu(), r) for p, r in zip(model.parameters(), ref))
 
 
+def test_replayed_regions_run_on_the_stream_they_were_recorded_on(defer_global):
+    bt = torch.randn(1024, 1024, device="tpu") / 32  # a region on the default stream too
+    side = torch.tpu.Stream()
+    side.wait_stream(torch.tpu.current_stream())
+    with torch.tpu.stream(side):
+        a = bt @ bt @ bt @ bt       # strict products queued on the side stream
+        y = a * 3                   # a region on the side stream reading them, every result held
+        e = torch.exp(y)
+        z = e + y
+    w = torch.ones(4, device="tpu") + 1  # recorded on the default stream: flushes the side region from here
+    torch.tpu.synchronize()
+    big = bt.cpu()
+    ref = big @ big @ big @ big
+    torch.testing.assert_close(a.cpu(), ref)
+    torch.testing.assert_close(z.cpu(), torch.exp(ref * 3) + ref * 3)
+    torch.testing.assert_close(w.cpu(), torch.full((4,), 2.0))
+    assert stats()["regions_replayed"] >= 1
+
+
 def test_replay_off_compiles_regions_whose_results_live(defer, fused_single_ops):
     x = torch.randn(64, 256)
     xt = x.tpu()
