@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
 
 #include "aten/op_info.h"
 #include "aten/random_ops.h"
@@ -399,21 +400,52 @@ void flush_locked(ChipState& cs, Reason why) {
       }
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       c10::StreamGuard on_region_stream(r->stream);  // the flushing thread may be on another stream
-      for (const Replay& op : r->replays) {
+      // An op whose kernel raises (an argument its meta kernel let through) leaves its result
+      // marked failed and the ops reading it skipped; the rest run, and the flush raises.
+      std::unordered_set<const c10::StorageImpl*> failed;
+      std::string first_error;
+      for (size_t k = 0; k < r->replays.size(); ++k) {
+        const Replay& op = r->replays[k];
         torch::jit::Stack stack(op.args.begin(), op.args.end());
+        at::Tensor written = op.args[0].isTensor() ? op.args[0].toTensor() : at::Tensor();
         if (op.result) {
           const Entry& e = r->storages.at(op.result);
           at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(e.storage),
                                                                     c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                                                     c10::scalarTypeToTypeMeta(e.layout.dtype));
           out.unsafeGetTensorImpl()->set_sizes_and_strides(e.layout.sizes, e.layout.strides, e.layout.offset);
+          written = out;
           if (op.result_first) {
             stack.insert(stack.begin(), std::move(out));
           } else {
             stack.push_back(std::move(out));
           }
         }
-        op.op.callBoxed(&stack);  // the tpu fallback queues ATen's kernel (tls_in_flush: not recorded)
+        bool reads_failed = false;
+        for (const c10::IValue& v : op.args) {
+          if (v.isTensor() && v.toTensor().has_storage())
+            reads_failed = reads_failed || failed.count(v.toTensor().storage().unsafeGetStorageImpl()) > 0;
+        }
+        std::string why;
+        if (reads_failed) {
+          why = "it reads the result of a deferred op that raised";
+        } else {
+          try {
+            op.op.callBoxed(&stack);  // the tpu fallback queues ATen's kernel (tls_in_flush: not recorded)
+            continue;
+          } catch (const c10::Error& e) {
+            why = e.what_without_backtrace();
+          } catch (const std::exception& e) {
+            why = e.what();
+          }
+        }
+        const std::string op_text = ErrorContext::op_text(ctx->ops[k]);
+        if (first_error.empty()) first_error = why + " (" + op_text + ", deferred by defer_and_fuse)";
+        if (!written.defined()) continue;
+        failed.insert(written.storage().unsafeGetStorageImpl());
+        // An in-place op that raised left its tensor as it was: the user's values stay readable.
+        if (op.result)
+          mark_failed(written, op_text + " (deferred by defer_and_fuse) raised when its region ran: " + why);
       }
       update_stats([&](DeferStats& s) {
         ++s.regions_flushed;
@@ -426,6 +458,7 @@ void flush_locked(ChipState& cs, Reason why) {
         s.hbm_bytes_allocated += allocated;
         count_reason(s, why);
       });
+      TORCH_CHECK(first_error.empty(), first_error);
       return;
     }
     auto run = std::make_shared<RunState>();

@@ -417,8 +417,12 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
     const bool result_first = !inplace && out_op->schema().name() == "aten::copy_";
     if (result_first) snapshot.assign({args[0], c10::IValue(false)});  // copy_(result, self, non_blocking)
     for (auto& v : snapshot) {
-      if (!v.isTensor() || !v.toTensor().defined() || v.toTensor().device().type() != c10::DeviceType::PrivateUse1)
+      if (!v.isTensor() || !v.toTensor().defined()) continue;
+      if (v.toTensor().device().is_cpu()) {  // a 0-dim CPU operand: its value now (the caller may change it)
+        v = v.toTensor().clone();
         continue;
+      }
+      if (v.toTensor().device().type() != c10::DeviceType::PrivateUse1) continue;
       const at::Tensor& t = v.toTensor();
       at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
           c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), t.dtype());

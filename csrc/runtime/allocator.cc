@@ -24,7 +24,8 @@ struct BlockContext {
   vtpu::Block* block;
   std::atomic<bool> undefined{false};  // values never computed (a dry run) or donated
   std::mutex donor_mutex;
-  std::string donor;  // the op it was donated to; empty for a dry run
+  std::string donor;    // the op it was donated to; empty for a dry run
+  std::string failure;  // why the op that should have written it did not (mark_failed)
   // Streams whose queued work reaches the block without holding its storage (stream-ordered
   // recipes): the free waits for their work in stream order. The first is read without the
   // lock; the count and the rest are written under donor_mutex.
@@ -146,6 +147,17 @@ void mark_donated(const at::Tensor& t, const std::string& op) {
   set_flag(c, true);
 }
 
+void mark_failed(const at::Tensor& t, const std::string& why) {
+  const c10::Storage* s = storage_of(t);
+  BlockContext* c = s ? context_of(*s) : nullptr;
+  if (!c) return;
+  {
+    std::lock_guard<std::mutex> lock(c->donor_mutex);
+    c->failure = why;
+  }
+  set_flag(c, true);
+}
+
 void clear_undefined_if_whole(const at::Tensor& t) {
   if (!any_undefined()) return;
   const c10::Storage* s = storage_of(t);
@@ -155,6 +167,7 @@ void clear_undefined_if_whole(const at::Tensor& t) {
   if (c) {
     std::lock_guard<std::mutex> lock(c->donor_mutex);
     c->donor.clear();
+    c->failure.clear();
   }
   set_flag(c, false);
 }
@@ -169,11 +182,14 @@ void set_buffer_undefined(const c10::DataPtr& d) { set_flag(context_of(d), true)
 void check_defined(const at::Tensor& t, const std::string& what) {
   const c10::Storage* s = storage_of(t);
   if (!s || !buffer_undefined(s->data_ptr())) return;
-  std::string donor;
+  std::string donor, failure;
   if (BlockContext* c = context_of(*s)) {
     std::lock_guard<std::mutex> lock(c->donor_mutex);
     donor = c->donor;
+    failure = c->failure;
   }
+  TORCH_CHECK(failure.empty(), what, ": the tpu tensor of shape ", t.sizes(), " (", t.scalar_type(), ", ", t.device(),
+              ") holds no values: ", failure);
   TORCH_CHECK(donor.empty(), what, ": the tpu tensor of shape ", t.sizes(), " (", t.scalar_type(), ", ", t.device(),
               ") was donated to ", donor,
               " (donate_argnums), which may reuse its buffer, so it holds no values now. Pass a clone to a "

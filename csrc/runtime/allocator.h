@@ -29,6 +29,9 @@ void clear_undefined_if_whole(const at::Tensor& t);
 // on a TPU where the op reuses the buffer; reading it raises naming the op, overwriting it
 // whole makes it usable again.
 void mark_donated(const at::Tensor& t, const std::string& op);
+// A tensor an op failed to compute after its call (a deferred op's kernel raised at the
+// flush): reading it raises with `why`; overwriting it whole makes it usable again.
+void mark_failed(const at::Tensor& t, const std::string& why);
 // Raises RuntimeError naming `what`, the tensor's shape, dtype and device if undefined.
 void check_defined(const at::Tensor& t, const std::string& what);
 // For a storage swapping its buffer (resize_): carries the flag to the new one.

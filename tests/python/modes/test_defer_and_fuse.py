@@ -235,6 +235,37 @@ def test_replayed_regions_run_on_the_stream_they_were_recorded_on(defer_global):
     assert stats()["regions_replayed"] >= 1
 
 
+def test_replay_takes_a_0dim_cpu_operands_value_at_the_call(defer):
+    x = torch.arange(4.0)
+    scale, one = torch.tensor(2.0), torch.tensor(1.0)
+    xt = x.tpu()
+    y = xt * scale                  # an lr or scale kept on the CPU...
+    z = y * 1
+    z.add_(one)
+    scale.fill_(5.0)                # ... changed before the region is flushed
+    one.add_(10)
+    assert torch.equal(y.cpu(), x * 2) and torch.equal(z.cpu(), x * 2 + 1)
+    assert stats()["regions_replayed"] == 1
+
+
+def test_an_op_that_raises_when_its_region_replays_spoils_only_what_reads_it(defer):
+    x = torch.full((4, 4), 3.0)
+    xt = x.tpu()
+    h = xt.half()
+    s = torch._softmax(h, 1, True)  # its meta kernel accepts what CPU's kernel refuses
+    t = s * 2
+    k = xt + 1
+    with pytest.raises(RuntimeError, match=r"half to float conversion is not supported.*aten::_softmax"):
+        s.cpu()
+    assert torch.equal(k.cpu(), x + 1) and torch.equal(h.cpu(), x.half())
+    with pytest.raises(RuntimeError, match=r"holds no values: aten::_softmax.* raised when its region ran"):
+        s.cpu()
+    with pytest.raises(RuntimeError, match="reads the result of a deferred op that raised"):
+        t.cpu()
+    s.fill_(1.0)                    # overwritten whole: usable again
+    assert torch.equal(s.cpu(), torch.ones(4, 4))
+
+
 def test_replay_off_compiles_regions_whose_results_live(defer, fused_single_ops):
     x = torch.randn(64, 256)
     xt = x.tpu()
