@@ -136,27 +136,21 @@ void mark_undefined(const at::Tensor& t) {
   if (const c10::Storage* s = storage_of(t)) set_flag(context_of(*s), true);
 }
 
-void mark_donated(const at::Tensor& t, const std::string& op) {
+// Marks t's storage unreadable, with the reason `field` of its block keeps for the message.
+void mark_unreadable(const at::Tensor& t, std::string BlockContext::*field, const std::string& reason) {
   const c10::Storage* s = storage_of(t);
   BlockContext* c = s ? context_of(*s) : nullptr;
   if (!c) return;
   {
     std::lock_guard<std::mutex> lock(c->donor_mutex);
-    c->donor = op;
+    c->*field = reason;
   }
   set_flag(c, true);
 }
 
-void mark_failed(const at::Tensor& t, const std::string& why) {
-  const c10::Storage* s = storage_of(t);
-  BlockContext* c = s ? context_of(*s) : nullptr;
-  if (!c) return;
-  {
-    std::lock_guard<std::mutex> lock(c->donor_mutex);
-    c->failure = why;
-  }
-  set_flag(c, true);
-}
+void mark_donated(const at::Tensor& t, const std::string& op) { mark_unreadable(t, &BlockContext::donor, op); }
+
+void mark_failed(const at::Tensor& t, const std::string& why) { mark_unreadable(t, &BlockContext::failure, why); }
 
 void clear_undefined_if_whole(const at::Tensor& t) {
   if (!any_undefined()) return;
