@@ -7,6 +7,7 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +27,7 @@
 #include "runtime/allocator.h"
 #include "runtime/device.h"
 #include "runtime/dry_run.h"
+#include "runtime/tensor_factory.h"
 
 namespace torch_tpu {
 namespace defer {
@@ -410,10 +412,8 @@ void flush_locked(ChipState& cs, Reason why) {
         at::Tensor written = op.args[0].isTensor() ? op.args[0].toTensor() : at::Tensor();
         if (op.result) {
           const Entry& e = r->storages.at(op.result);
-          at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(e.storage),
-                                                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                                    c10::scalarTypeToTypeMeta(e.layout.dtype));
-          out.unsafeGetTensorImpl()->set_sizes_and_strides(e.layout.sizes, e.layout.strides, e.layout.offset);
+          at::Tensor out =
+              tpu_tensor_over(e.storage, e.layout.sizes, e.layout.strides, e.layout.offset, e.layout.dtype);
           written = out;
           if (op.result_first) {
             stack.insert(stack.begin(), std::move(out));
@@ -421,11 +421,11 @@ void flush_locked(ChipState& cs, Reason why) {
             stack.push_back(std::move(out));
           }
         }
-        bool reads_failed = false;
-        for (const c10::IValue& v : op.args) {
-          if (v.isTensor() && v.toTensor().has_storage())
-            reads_failed = reads_failed || failed.count(v.toTensor().storage().unsafeGetStorageImpl()) > 0;
-        }
+        const bool reads_failed =
+            !failed.empty() && std::any_of(op.args.begin(), op.args.end(), [&](const c10::IValue& v) {
+              return v.isTensor() && v.toTensor().has_storage() &&
+                     failed.count(v.toTensor().storage().unsafeGetStorageImpl());
+            });
         std::string why;
         if (reads_failed) {
           why = "it reads the result of a deferred op that raised";

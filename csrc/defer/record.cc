@@ -15,6 +15,7 @@
 #include "runtime/device.h"
 #include "runtime/eager_mode.h"
 #include "runtime/generator.h"
+#include "runtime/tensor_factory.h"
 #include "vtpu/env.h"
 
 namespace torch_tpu {
@@ -214,15 +215,20 @@ class SiteSink final : public ScalarSink {
 // The out= overload of a functional op: OpInfo's ("add.out"), or one named
 // "grad_input" (gelu_backward, threshold_backward, ...): same arguments plus
 // one kwarg-only Tensor(a!).
+const c10::OperatorHandle& copy_op() {
+  static const c10::OperatorHandle h = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+  return h;
+}
+
 std::optional<c10::OperatorHandle> out_overload(const c10::OperatorHandle& op, const OpInfo& info) {
   if (info.out_variant) return info.out_variant;
-  // A dtype conversion on the chip (the result is a tpu tensor): copy_ into the result, as ATen's _to_copy does.
-  if (info.label == "aten::_to_copy") return c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
   static std::mutex mu;
   static std::unordered_map<const OpInfo*, std::optional<c10::OperatorHandle>> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(&info);
   if (it != cache.end()) return it->second;
+  // A dtype conversion on the chip (the result is a tpu tensor): copy_ into the result, as ATen's _to_copy does.
+  if (info.label == "aten::_to_copy") return cache.emplace(&info, copy_op()).first->second;
   std::optional<c10::OperatorHandle> found;
   const auto& schema = op.schema();
   auto h = c10::Dispatcher::singleton().findOp({schema.name(), "grad_input"});
@@ -414,7 +420,7 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
   if (out_op) {
     // tpu tensors as they are now: their metadata may change in place before the flush.
     std::vector<c10::IValue> snapshot(args.begin(), args.end());
-    const bool result_first = !inplace && out_op->schema().name() == "aten::copy_";
+    const bool result_first = !inplace && *out_op == copy_op();
     if (result_first) snapshot.assign({args[0], c10::IValue(false)});  // copy_(result, self, non_blocking)
     for (auto& v : snapshot) {
       if (!v.isTensor() || !v.toTensor().defined()) continue;
@@ -424,9 +430,7 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
       }
       if (v.toTensor().device().type() != c10::DeviceType::PrivateUse1) continue;
       const at::Tensor& t = v.toTensor();
-      at::Tensor alias = at::detail::make_tensor<c10::TensorImpl>(
-          c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), t.dtype());
-      alias.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+      at::Tensor alias = tpu_tensor_over(t.storage(), t.sizes(), t.strides(), t.storage_offset(), t.scalar_type());
       auto it = r.storages.find(t.storage().unsafeGetStorageImpl());
       if (it != r.storages.end() && it->second.kind == Entry::Kind::kPending) ++it->second.replay_refs;
       v = std::move(alias);

@@ -40,6 +40,14 @@ at::Tensor tpu_tensor_in(c10::DataPtr data, c10::IntArrayRef sizes, c10::IntArra
   return t;
 }
 
+at::Tensor tpu_tensor_over(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                           int64_t offset, c10::ScalarType dtype) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  return t;
+}
+
 at::Tensor empty_tpu(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype, c10::DeviceIndex device) {
   chip(device);  // validates the index before anything is allocated
   size_t nbytes;

@@ -24,6 +24,10 @@ at::Tensor empty_tpu_bytes(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10
 at::Tensor tpu_tensor_in(c10::DataPtr data, c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
                          size_t nbytes);
 
+// A tpu tensor over an existing tpu storage (sharing it) with this layout.
+at::Tensor tpu_tensor_over(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                           int64_t offset, c10::ScalarType dtype);
+
 // Grows (or shrinks) a tpu storage to `nbytes`, keeping its contents.
 void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);
 
