@@ -1,7 +1,9 @@
 // Native tpu kernels: copies between host and chips, scalar reads, fill.
 #include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
+#include "aten/copy_transposed.h"
 #include "aten/op_cost.h"
 #include "defer/defer.h"
 #include "runtime/allocator.h"
@@ -30,7 +32,8 @@ void enqueue_copy(vtpu::Stream& stream, TensorRecipe dst, TensorRecipe src) {
       [dst = std::move(dst), src = std::move(src)] {
         AliasBuilder host(c10::kCPU);
         auto d = host.alias(dst);
-        d.copy_(host.alias(src));
+        auto s = host.alias(src);
+        if (!copy_transposed(d, s)) d.copy_(s);
       },
       written);
 }
@@ -39,9 +42,12 @@ at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_
   TORCH_CHECK(at::is_expandable_to(src.sizes(), dst.sizes()), "copy_: the source's shape ", src.sizes(),
               " cannot be broadcast to the destination's shape ", dst.sizes(), " (source ", src.device(), " ",
               src.scalar_type(), ", destination ", dst.device(), " ", dst.scalar_type(), ")");
+  if (dst.numel() == 0 || dst.is_same(src)) return dst;
+  // The overlaps CPU's copy_ rejects, rejected at the call (before, the queued copy raised).
+  at::assert_no_internal_overlap(dst);
+  at::assert_no_partial_overlap(dst, src);
   // Broadcasting copies are expanded first so that both sides have one shape.
   at::Tensor source = src.sizes() == dst.sizes() ? src : src.expand(dst.sizes());
-  if (dst.numel() == 0) return dst;
   DeferChecked deferred({&source}, {&dst});  // flushes a pending region this copy reads or writes
   const bool src_tpu = source.device().type() == kTPU;
   const bool dst_tpu = dst.device().type() == kTPU;

@@ -76,6 +76,45 @@ def test_non_contiguous_copies():
     assert torch.equal(d.cpu(), expected)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 3), (64, 64), (9, 130), (300, 70), (1024, 1024)])
+def test_transposing_copies_match_cpu(dtype, shape):
+    # Matrices copied from a transposed view (the blocked, multi-threaded kernel for 2-, 4- and
+    # 8-byte elements; ATen's for the rest), from a sliced one (row stride above the row count),
+    # into a transposed destination, and from host memory.
+    c = sample((shape[1], shape[0] + 3), dtype)
+    t = c.to("tpu")
+    assert torch.equal(t[:, : shape[0]].t().contiguous().cpu(), c[:, : shape[0]].t().contiguous())
+    square = sample((shape[0], shape[0]), dtype)
+    assert torch.equal(square.to("tpu").t().contiguous().cpu(), square.t().contiguous())
+    out = torch.empty(shape[0], shape[1], dtype=dtype, device="tpu")
+    out.copy_(t[:, : shape[0]].t())
+    assert torch.equal(out.cpu(), c[:, : shape[0]].t())
+    assert torch.equal(c[:, : shape[0]].t().to("tpu").cpu(), c[:, : shape[0]].t())
+    back = torch.empty(shape[1], shape[0], dtype=dtype, device="tpu").t()
+    back.copy_(out)  # a transposed destination: not the kernel's case, ATen's copy
+    assert torch.equal(back.cpu(), c[:, : shape[0]].t())
+
+
+def test_overlapping_copies_raise_at_the_call():
+    # Overlaps CPU's copy_ rejects raise at the call, with CPU's message; nothing is queued.
+    for make in (lambda t: (t, t.t()), lambda t: (t[:5], t[3:]), lambda t: (t[0].expand(3, 8), t[1:4])):
+        c = torch.arange(64.0).reshape(8, 8)
+        dst, src = make(c)
+        with pytest.raises(RuntimeError) as cpu_error:
+            dst.copy_(src)
+        t = torch.arange(64.0).reshape(8, 8).to("tpu")
+        dst, src = make(t)
+        with pytest.raises(RuntimeError, match="refers? to a single memory location") as tpu_error:
+            dst.copy_(src)
+        assert str(tpu_error.value) == str(cpu_error.value)
+        assert torch.equal(t.cpu(), torch.arange(64.0).reshape(8, 8))
+    t = torch.arange(64.0).reshape(8, 8).to("tpu")
+    t.copy_(t)
+    t.copy_(t.view(8, 8))  # the same elements: nothing to do, as on CPU
+    assert torch.equal(t.cpu(), torch.arange(64.0).reshape(8, 8))
+
+
 def test_copy_between_chips():
     c = torch.randn(5, 7)
     a = c.to("tpu:0")
