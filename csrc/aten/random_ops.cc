@@ -7,6 +7,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -18,11 +19,23 @@ namespace torch_tpu {
 namespace {
 
 // The aten sources build at -O2, whose vectorizer declines the Philox rounds;
-// with O3 and AVX2 (runtime dispatch, as csrc/exec's kernels) they vectorize.
+// with O3 and AVX-512 or AVX2 (runtime dispatch, as csrc/exec's kernels) they vectorize.
 #pragma GCC optimize("O3")
-__attribute__((target_clones("avx2", "default"))) void blocks_of(uint64_t seed, uint64_t start,
-                                                                 uint32_t (*out)[kPhiloxLanes]) {
+#define PHILOX_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+PHILOX_CLONES void blocks_of(uint64_t seed, uint64_t start, uint32_t (*out)[kPhiloxLanes]) {
   philox_blocks(seed, start, out);
+}
+
+// bernoulli(p) at positions start .. start + kPhiloxLanes - 1, as 0/1 bytes: u < p on
+// philox_uniform53's u = k 2^-53 is k < threshold = ceil(p 2^53), an integer compare.
+PHILOX_CLONES void bernoulli_lanes(uint64_t seed, uint64_t start, uint64_t threshold, uint8_t* mask) {
+  uint32_t w[4][kPhiloxLanes];
+  philox_blocks(seed, start, w);
+  for (int j = 0; j < kPhiloxLanes; ++j) {
+    const uint64_t k = ((static_cast<uint64_t>(w[0][j]) << 32) | w[1][j]) >> 11;
+    mask[j] = k < threshold ? 1 : 0;
+  }
 }
 
 enum class Kind {
@@ -150,8 +163,23 @@ struct Params {
   const at::Tensor* p = nullptr;  // bernoulli: probabilities laid out as the result
 };
 
+// bernoulli with one float p (dropout's masks): whole blocks of lanes at a time.
+template <typename T>
+void fill_bernoulli(T* out, int64_t n, uint64_t seed, uint64_t offset, double p) {
+  const uint64_t threshold = static_cast<uint64_t>(std::ceil(p * 9007199254740992.0));  // p in [0, 1]
+  at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
+    uint8_t mask[kPhiloxLanes];
+    for (int64_t base = begin; base < end; base += kPhiloxLanes) {
+      bernoulli_lanes(seed, offset + static_cast<uint64_t>(base), threshold, mask);
+      const int64_t lanes = std::min<int64_t>(kPhiloxLanes, end - base);
+      for (int64_t j = 0; j < lanes; ++j) out[base + j] = static_cast<T>(mask[j]);
+    }
+  });
+}
+
 template <typename T>
 void fill(T* out, int64_t n, uint64_t seed, uint64_t offset, const Params& prm, const double* probs) {
+  if (prm.kind == Kind::kBernoulliFloat && probs == nullptr) return fill_bernoulli(out, n, seed, offset, prm.a);
   at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
     uint32_t words[4][kPhiloxLanes];
     int64_t base = -1;

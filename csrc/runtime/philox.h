@@ -53,7 +53,8 @@ inline PhiloxCounter philox_block(uint64_t seed, uint64_t position) {
 // Blocks of the positions start .. start + kPhiloxLanes - 1, as philox_block computes
 // them, in structure-of-arrays form (out[word][lane]) so that compilers vectorize it.
 constexpr int kPhiloxLanes = 64;
-inline void philox_blocks(uint64_t seed, uint64_t start, uint32_t (*out)[kPhiloxLanes]) {
+// Forced inline: the callers compile it once per instruction set (target_clones).
+inline __attribute__((always_inline)) void philox_blocks(uint64_t seed, uint64_t start, uint32_t (*out)[kPhiloxLanes]) {
   uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
   for (int j = 0; j < kPhiloxLanes; ++j) {
     const uint64_t p = start + static_cast<uint64_t>(j);

@@ -286,6 +286,21 @@ def test_discrete_distributions():
     assert abs((d == 0).double().mean().item() - 0.2) < 6 * math.sqrt(0.16 / N)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.uint8, torch.bool])
+def test_bernoulli_float_p_draws_what_tensor_p_draws(dtype):
+    # bernoulli_(p) (dropout's masks: whole blocks of lanes, an integer compare, split across
+    # threads) against the element-by-element kernel of bernoulli(tensor of p) at the same state.
+    n = 40000 + 37  # beyond one thread's share, not a multiple of the 64 lanes
+    for p in (0.0, 1.0, 0.5, 1 / 3, 0.9, 1e-300, 1 - 2**-53):
+        for offset in (0, 12):
+            torch.tpu.set_rng_state(state(11, offset))
+            got = torch.empty(n, device="tpu", dtype=dtype).bernoulli_(p).cpu()
+            torch.tpu.set_rng_state(state(11, offset))
+            want = torch.bernoulli(torch.full((n,), p, dtype=torch.float64, device="tpu")).to(dtype).cpu()
+            assert torch.equal(got, want), (p, offset)
+            assert seed_offset(torch.tpu.get_rng_state()) == (11, offset + (n + 3) // 4 * 4)
+
+
 def test_independent_draws_are_uncorrelated():
     torch.manual_seed(3)
     a, b = torch.rand(N, device="tpu").cpu().double(), torch.rand(N, device="tpu").cpu().double()
