@@ -39,13 +39,14 @@ void enqueue_copy(vtpu::Stream& stream, TensorRecipe dst, TensorRecipe src) {
 }
 
 at::Tensor copy_from_tpu(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
-  TORCH_CHECK(at::is_expandable_to(src.sizes(), dst.sizes()), "copy_: the source's shape ", src.sizes(),
-              " cannot be broadcast to the destination's shape ", dst.sizes(), " (source ", src.device(), " ",
-              src.scalar_type(), ", destination ", dst.device(), " ", dst.scalar_type(), ")");
-  if (dst.numel() == 0 || dst.is_same(src)) return dst;
-  // The overlaps CPU's copy_ rejects, rejected at the call (before, the queued copy raised).
+  if (dst.is_same(src)) return dst;
+  // CPU's copy_ checks, in its order and with its messages: overlaps, then shapes.
   at::assert_no_internal_overlap(dst);
   at::assert_no_partial_overlap(dst, src);
+  const auto broadcast = at::infer_size_dimvector(dst.sizes(), src.sizes());
+  TORCH_CHECK(c10::IntArrayRef(broadcast) == dst.sizes(), "output with shape ", dst.sizes(),
+              " doesn't match the broadcast shape ", c10::IntArrayRef(broadcast));
+  if (dst.numel() == 0) return dst;
   // Broadcasting copies are expanded first so that both sides have one shape.
   at::Tensor source = src.sizes() == dst.sizes() ? src : src.expand(dst.sizes());
   DeferChecked deferred({&source}, {&dst});  // flushes a pending region this copy reads or writes

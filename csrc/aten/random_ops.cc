@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -272,6 +273,8 @@ c10::IValue philox_generator_arg(TPUGeneratorImpl& gen, const c10::OperatorHandl
   const bool self_ok = !args.empty() && args[0].isTensor() && args[0].toTensor().defined();
   if (self_ok && native(k, args[0].toTensor().scalar_type())) {
     check_like_cpu(op, args);
+    // CPU's in-place kernels reject a self with overlapping elements before drawing.
+    if (in_place(op.schema())) at::assert_no_internal_overlap(args[0].toTensor());
     auto [seed, offset] = gen.reserve(static_cast<uint64_t>(args[0].toTensor().numel()));
     return c10::ivalue::Tuple::create(
         {c10::IValue(static_cast<int64_t>(seed)), c10::IValue(static_cast<int64_t>(offset))});

@@ -301,6 +301,19 @@ def test_bernoulli_float_p_draws_what_tensor_p_draws(dtype):
             assert seed_offset(torch.tpu.get_rng_state()) == (11, offset + (n + 3) // 4 * 4)
 
 
+def test_in_place_fill_of_overlapping_elements_raises_before_drawing():
+    # CPU rejects a self whose elements share memory before its generator moves; so does tpu.
+    torch.manual_seed(0)
+    before = torch.tpu.get_rng_state()
+    for fill in (lambda t: t.bernoulli_(0.5), lambda t: t.uniform_(), lambda t: t.normal_()):
+        with pytest.raises(RuntimeError) as cpu_error:
+            fill(torch.zeros(1).expand(5))
+        with pytest.raises(RuntimeError) as tpu_error:
+            fill(torch.zeros(1, device="tpu").expand(5))
+        assert str(tpu_error.value) == str(cpu_error.value)
+        assert torch.equal(torch.tpu.get_rng_state(), before)
+
+
 def test_independent_draws_are_uncorrelated():
     torch.manual_seed(3)
     a, b = torch.rand(N, device="tpu").cpu().double(), torch.rand(N, device="tpu").cpu().double()

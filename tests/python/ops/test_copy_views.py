@@ -96,6 +96,24 @@ def test_transposing_copies_match_cpu(dtype, shape):
     assert torch.equal(back.cpu(), c[:, : shape[0]].t())
 
 
+@pytest.mark.parametrize("dst_shape,src_shape", [((0, 8), (4, 8)), ((3,), (2, 3)), ((2, 3), (3, 2)), ((3,), (1, 3))])
+def test_copy_shape_errors_match_cpu(dst_shape, src_shape):
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch.empty(dst_shape).copy_(torch.empty(src_shape))
+    for src_device in ("tpu", "cpu"):
+        with pytest.raises(RuntimeError) as tpu_error:
+            torch.empty(dst_shape, device="tpu").copy_(torch.empty(src_shape, device=src_device))
+        assert str(tpu_error.value) == str(cpu_error.value)
+    # Overlap is checked before shapes, as on CPU.
+    c = torch.zeros(8, 8)
+    with pytest.raises(RuntimeError) as cpu_error:
+        c[:3].copy_(c[:4])
+    t = torch.zeros(8, 8, device="tpu")
+    with pytest.raises(RuntimeError) as tpu_error:
+        t[:3].copy_(t[:4])
+    assert str(tpu_error.value) == str(cpu_error.value)
+
+
 def test_overlapping_copies_raise_at_the_call():
     # Overlaps CPU's copy_ rejects raise at the call, with CPU's message; nothing is queued.
     for make in (lambda t: (t, t.t()), lambda t: (t[:5], t[3:]), lambda t: (t[0].expand(3, 8), t[1:4])):
