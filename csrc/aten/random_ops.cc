@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -93,14 +94,20 @@ bool native(Kind k, c10::ScalarType t) {
 }
 
 // The CPU kernel's own argument checks (bounds, probabilities, dtypes), on
-// empty host tensors, so that a bad argument raises at the call as on CPU.
-void check_like_cpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+// host tensors of `elements` zeros (0 or 1), so that a bad argument raises at the
+// call as on CPU. With 1 element the kernel draws from a private generator: the
+// CPU's default one does not move. (Some kernels check dtypes only with data.)
+void check_like_cpu(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, int64_t elements = 0) {
   torch::jit::Stack stack;
   for (const auto& v : args) {
     if (v.isTensor() && v.toTensor().defined()) {
-      stack.emplace_back(at::empty({0}, at::TensorOptions().dtype(v.toTensor().scalar_type())));
+      stack.emplace_back(at::zeros({elements}, at::TensorOptions().dtype(v.toTensor().scalar_type())));
     } else if (v.isGenerator()) {
-      stack.emplace_back();
+      if (elements > 0) {
+        stack.emplace_back(at::make_generator<at::CPUGeneratorImpl>(0));
+      } else {
+        stack.emplace_back();
+      }
     } else {
       stack.push_back(v);
     }
@@ -279,8 +286,14 @@ c10::IValue philox_generator_arg(TPUGeneratorImpl& gen, const c10::OperatorHandl
     return c10::ivalue::Tuple::create(
         {c10::IValue(static_cast<int64_t>(seed)), c10::IValue(static_cast<int64_t>(offset))});
   }
-  // An in-place fill the kernels do not draw (a dtype the op rejects, complex): CPU's checks at the call too.
-  if (self_ok && in_place(op.schema())) check_like_cpu(op, args);
+  // A fill the kernels do not draw (a dtype the op rejects, complex): CPU's checks at the call too,
+  // before the generator moves; on one element where the op is one of the kernels' distributions.
+  if (self_ok && k != Kind::kNone) {
+    check_like_cpu(op, args, args[0].toTensor().numel() > 0 ? 1 : 0);
+  } else if (self_ok && in_place(op.schema())) {
+    check_like_cpu(op, args);
+  }
+  if (self_ok && in_place(op.schema())) at::assert_no_internal_overlap(args[0].toTensor());
   auto [seed, offset] = gen.reserve(4);
   const PhiloxCounter b = philox_block(seed, offset);
   return c10::IValue(at::make_generator<at::CPUGeneratorImpl>((static_cast<uint64_t>(b[1]) << 32) | b[0]));

@@ -314,6 +314,22 @@ def test_in_place_fill_of_overlapping_elements_raises_before_drawing():
         assert torch.equal(torch.tpu.get_rng_state(), before)
 
 
+def test_fill_of_a_dtype_the_op_rejects_leaves_the_generator():
+    # complex bernoulli: CPU's NotImplementedError at the call, and neither generator moves.
+    calls = (lambda d: torch.bernoulli(torch.zeros(10, dtype=torch.complex64, device=d), p=0.5),
+             lambda d: torch.zeros(10, dtype=torch.complex64, device=d).bernoulli_(0.5))
+    for call in calls:
+        with pytest.raises(NotImplementedError) as cpu_error:
+            call("cpu")
+        torch.manual_seed(0)
+        tpu_before, cpu_before = torch.tpu.get_rng_state(), torch.get_rng_state()
+        with pytest.raises(NotImplementedError) as tpu_error:
+            call("tpu")
+        assert str(tpu_error.value) == str(cpu_error.value)
+        assert torch.equal(torch.tpu.get_rng_state(), tpu_before)
+        assert torch.equal(torch.get_rng_state(), cpu_before)
+
+
 def test_independent_draws_are_uncorrelated():
     torch.manual_seed(3)
     a, b = torch.rand(N, device="tpu").cpu().double(), torch.rand(N, device="tpu").cpu().double()
