@@ -278,22 +278,22 @@ c10::IValue philox_generator_arg(TPUGeneratorImpl& gen, const c10::OperatorHandl
                                  c10::ArrayRef<c10::IValue> args) {
   const Kind k = kind_of(op.schema());
   const bool self_ok = !args.empty() && args[0].isTensor() && args[0].toTensor().defined();
-  if (self_ok && native(k, args[0].toTensor().scalar_type())) {
-    check_like_cpu(op, args);
-    // CPU's in-place kernels reject a self with overlapping elements before drawing.
-    if (in_place(op.schema())) at::assert_no_internal_overlap(args[0].toTensor());
+  const bool drawn = self_ok && native(k, args[0].toTensor().scalar_type());
+  const bool self_written = self_ok && in_place(op.schema());
+  // CPU's checks at the call, before the generator moves. For a fill the kernels do not draw
+  // (a dtype the op rejects, complex) of one of their distributions, on one element: the CPU
+  // kernel checks the dtype only with data.
+  if (self_written || (self_ok && k != Kind::kNone)) {
+    const bool one_element = !drawn && k != Kind::kNone && args[0].toTensor().numel() > 0;
+    check_like_cpu(op, args, one_element ? 1 : 0);
+  }
+  // CPU's in-place kernels reject a self with overlapping elements before drawing.
+  if (self_written) at::assert_no_internal_overlap(args[0].toTensor());
+  if (drawn) {
     auto [seed, offset] = gen.reserve(static_cast<uint64_t>(args[0].toTensor().numel()));
     return c10::ivalue::Tuple::create(
         {c10::IValue(static_cast<int64_t>(seed)), c10::IValue(static_cast<int64_t>(offset))});
   }
-  // A fill the kernels do not draw (a dtype the op rejects, complex): CPU's checks at the call too,
-  // before the generator moves; on one element where the op is one of the kernels' distributions.
-  if (self_ok && k != Kind::kNone) {
-    check_like_cpu(op, args, args[0].toTensor().numel() > 0 ? 1 : 0);
-  } else if (self_ok && in_place(op.schema())) {
-    check_like_cpu(op, args);
-  }
-  if (self_ok && in_place(op.schema())) at::assert_no_internal_overlap(args[0].toTensor());
   auto [seed, offset] = gen.reserve(4);
   const PhiloxCounter b = philox_block(seed, offset);
   return c10::IValue(at::make_generator<at::CPUGeneratorImpl>((static_cast<uint64_t>(b[1]) << 32) | b[0]));

@@ -212,14 +212,14 @@ class SiteSink final : public ScalarSink {
   uint64_t source_hash_ = 0;
 };
 
-// The out= overload of a functional op: OpInfo's ("add.out"), or one named
-// "grad_input" (gelu_backward, threshold_backward, ...): same arguments plus
-// one kwarg-only Tensor(a!).
 const c10::OperatorHandle& copy_op() {
   static const c10::OperatorHandle h = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
   return h;
 }
 
+// The out= overload of a functional op: OpInfo's ("add.out"), or one named
+// "grad_input" (gelu_backward, threshold_backward, ...): same arguments plus
+// one kwarg-only Tensor(a!).
 std::optional<c10::OperatorHandle> out_overload(const c10::OperatorHandle& op, const OpInfo& info) {
   if (info.out_variant) return info.out_variant;
   static std::mutex mu;
