@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "vtpu/cpu_spread.h"
 #include "vtpu/trace.h"
 
 namespace vtpu {
@@ -109,12 +110,13 @@ void Stream::push(Item item) {
   if (const trace::Hooks* h = trace::hooks()) {
     item.trace = h->enqueue(chip_, id_, item.name ? item.name : item.owned_name.c_str());
   }
-  bool wake;
+  bool wake, waited = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
     if (queue_.size() >= kMaxQueuedWork) {
       if (on_worker_thread()) throw std::logic_error("a stream's own work cannot wait for its queue");
       space_cv_.wait(lock, [this] { return queue_.size() < kMaxQueuedWork / 2; });
+      waited = true;
     }
     if (item.fresh_bytes == kUnsized) {
       ++unsized_items_;
@@ -129,6 +131,7 @@ void Stream::push(Item item) {
     wake = sleeping_;
   }
   if (wake) work_cv_.notify_one();  // a spinning worker needs no (costly) wake-up
+  if (waited) leave_cpu(worker_cpu_.load(std::memory_order_relaxed));
 }
 
 double Stream::busy_seconds() const {
@@ -176,6 +179,7 @@ void Stream::run() {
     if (queue_.size() == kMaxQueuedWork / 2 - 1) space_cv_.notify_all();
     busy_ = true;
     unlock();
+    worker_cpu_.store(current_cpu(), std::memory_order_relaxed);
 
     std::string failure;
     bool failed = false;

@@ -131,7 +131,9 @@ class Stream {
   };
   void push(Item item);
   std::deque<Item> queue_;
-  bool sleeping_ = false;          // worker waits on work_cv_ (guarded by mu_)
+  bool sleeping_ = false;  // worker waits on work_cv_ (guarded by mu_)
+  // Where the worker ran its last item: a thread it woke moves off that CPU (cpu_spread.h).
+  std::atomic<int> worker_cpu_{-1};
   std::atomic<size_t> queued_{0};  // queue_.size(), readable without mu_
   bool busy_ = false;
   // Items queued or running: written under mu_ (after an item's bookkeeping),
