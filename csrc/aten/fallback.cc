@@ -49,6 +49,7 @@
 #include "runtime/errors.h"
 #include "runtime/generator.h"
 #include "runtime/host_alias.h"
+#include "runtime/host_result_offer.h"
 #include "runtime/kernel_warnings.h"
 #include "runtime/tensor_factory.h"
 
@@ -626,8 +627,10 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     const bool exact_cpu_kernel =
         info.matmul && precision == at::Float32MatmulPrecision::HIGHEST && host_float32_products_exact();
     if (!philox && !fresh.empty() && fresh.size() == schema.returns().size() && !meta_has_lists(meta) &&
-        (exact_cpu_kernel || !info.matmul) && info.meta_check != OpInfo::MetaCheck::kLayerNormDtype) {
-      out_op = info.out_variant;  // (native_layer_norm.out is a generated wrapper that copies: not it)
+        (exact_cpu_kernel || !info.matmul) && info.meta_check != OpInfo::MetaCheck::kLayerNormDtype &&
+        !info.offer_results) {
+      // (native_layer_norm.out and convolution.out are generated wrappers that copy: not them)
+      out_op = info.out_variant;
     }
     // A signature validated before is remembered in its meta-cache entry too (whose key is
     // finer: exact scalars, strides, offsets and shared storages): a repeated call skips the hash.
@@ -669,17 +672,28 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
     const bool layer_norm = info.meta_check == OpInfo::MetaCheck::kLayerNormDtype;
     enqueue_or_validate(stream, label, key, validate, extras, fresh_bytes,
                         [op, queued = std::move(queued), fresh = std::move(fresh), fresh_slot = std::move(fresh_slot),
-                         precision, philox, layer_norm] {
+                         precision, philox, layer_norm, offer = info.offer_results] {
                           AliasBuilder host(c10::kCPU);
                           auto cpu = build_stack(queued, host);
                           at::AutoDispatchBelowADInplaceOrView below_autograd;
                           if (layer_norm && layer_norm_into_hbm(cpu, fresh, host)) return;
+                          c10::SmallVector<at::Tensor, 3> targets;
+                          for (const TensorRecipe& f : fresh) targets.push_back(host.alias(f));
+                          std::optional<HostResultOffer> offered;
+                          if (offer) offered.emplace(targets);
                           call_host_kernel(op, &cpu, precision, philox);
+                          if (offered) offered->close();
                           for (size_t i = 0; i < fresh.size(); ++i) {
                             auto [r, k] = fresh_slot[i];
                             const IValue& v = cpu[r];
                             at::Tensor result = v.isTensor() ? v.toTensor() : v.toTensorList().get(k);
-                            host.alias(fresh[i]).copy_(result);
+                            if (is_written_in_place(result, targets[i])) continue;
+                            // In the target's memory but laid out otherwise: through a copy.
+                            targets[i].copy_(storages_overlap(result, targets[i]) ? result.clone() : result);
+                          }
+                          if (offered) {
+                            cpu.clear();
+                            offered->check_released(op.schema().name());
                           }
                         });
     if (!layer_norm) report();

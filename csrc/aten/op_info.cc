@@ -105,6 +105,7 @@ OpInfo* build(const c10::OperatorHandle& op) {
     info->no_meta = false;
     info->meta_check = OpInfo::MetaCheck::kLayerNormDtype;
   }
+  info->offer_results = name == "aten::convolution" || name == "aten::convolution_backward";
   info->quantized = name.rfind("aten::quantize_per", 0) == 0 || name.rfind("aten::_make_per_", 0) == 0 ||
                     name == "aten::_empty_affine_quantized" || name == "aten::_empty_per_channel_affine_quantized";
   // Out= overloads whose CPU kernels resize the out tensor to the unreduced shape before

@@ -41,7 +41,10 @@ struct OpInfo {
   enum class MetaCheck { kNone, kFactoryOut, kEmptyDims, kLayerNormDtype } meta_check = MetaCheck::kNone;
   bool quantized = false;                 // creates quantized tensors: NotImplementedError at the call
   bool has_optional_tensor_list = false;  // a Tensor?[] argument (index lists)
-  CustomCostCheck custom_cost;            // has(schema name): priced by a custom function
+  // Its CPU kernel allocates its results and keeps none of its tensors past the call (the
+  // convolutions): they are offered the HBM results' memory (runtime/host_result_offer.h).
+  bool offer_results = false;
+  CustomCostCheck custom_cost;  // has(schema name): priced by a custom function
 };
 
 // Thread-safe; the reference stays valid for the life of the process.
