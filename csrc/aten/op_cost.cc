@@ -210,9 +210,11 @@ vtpu::OpCost op_cost(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValu
       }
       c.mxu = true;
       // Implicit GEMM: M = batch x output positions, K = in-channels x kernel, N = out-channels.
-      c.k = weight->numel() / weight->size(0);
+      // A weight without output or input channels does no work (CPU's kernel raises for the
+      // first; its meta kernel does not, and this runs before the kernel's checks).
       c.n = weight->size(0);
-      c.m = static_cast<int64_t>(once / (2.0 * c.k * c.n));
+      c.k = c.n > 0 ? weight->numel() / c.n : 0;
+      c.m = c.k > 0 ? static_cast<int64_t>(once / (2.0 * static_cast<double>(c.k) * static_cast<double>(c.n))) : 0;
       c.flops = once * times;
       c.passes = passes_for(input->scalar_type(), precision);
       return c;

@@ -93,3 +93,24 @@ def test_conv_errors_at_the_call_as_cpu():
     with pytest.raises(RuntimeError) as tpu_err:
         F.conv2d(x.to("tpu"), w.to("tpu"))
     assert str(tpu_err.value) == str(cpu_err.value)
+
+
+@pytest.mark.parametrize("conv,x_shape,w_shape", [
+    (F.conv2d, (1, 2, 5, 5), (0, 2, 3, 3)),            # no output channels
+    (F.conv_transpose2d, (1, 0, 5, 5), (0, 4, 3, 3)),  # no input channels
+    (F.conv2d, (1, 0, 5, 5), (4, 0, 3, 3)),            # weight without input channels
+    (F.conv2d, (0, 2, 5, 5), (4, 2, 3, 3)),            # empty batch
+])
+def test_empty_weights_and_batches_as_cpu(conv, x_shape, w_shape):
+    # Their pricing divided by the weight's first dimension: a SIGFPE, not CPU's error.
+    x, w = torch.randn(x_shape), torch.randn(w_shape)
+    try:
+        want = conv(x, w)
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError) as got:
+            conv(x.to("tpu"), w.to("tpu")).cpu()
+        assert str(got.value) == str(e)
+        return
+    got = conv(x.to("tpu"), w.to("tpu"))
+    assert got.shape == want.shape
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
