@@ -104,6 +104,17 @@ bool holds_philox_arg(const std::vector<QueuedArg>& args) {
   return false;
 }
 
+// Whether every tensor argument is contiguous in the default layout. A convolution of
+// channels-last operands returns a channels-last result where its meta kernel (and so the HBM
+// result) says contiguous: offered the result's block it would need a clone and a copy, one
+// more than it takes from a host temporary.
+bool tensors_contiguous(const torch::jit::Stack& stack) {
+  for (const IValue& v : stack) {
+    if (v.isTensor() && !v.toTensor().is_contiguous()) return false;
+  }
+  return true;
+}
+
 // The CPU kernel, or the philox kernel for ops whose positions were reserved.
 void call_host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack, at::Float32MatmulPrecision precision,
                       bool philox) {
@@ -680,7 +691,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
                           c10::SmallVector<at::Tensor, 3> targets;
                           for (const TensorRecipe& f : fresh) targets.push_back(host.alias(f));
                           std::optional<HostResultOffer> offered;
-                          if (offer) offered.emplace(targets);
+                          if (offer && tensors_contiguous(cpu)) offered.emplace(targets);
                           call_host_kernel(op, &cpu, precision, philox);
                           if (offered) offered->close();
                           for (size_t i = 0; i < fresh.size(); ++i) {
