@@ -30,19 +30,25 @@ TEST(CpuSpread, CurrentCpuIsInTheMask) {
 TEST(CpuSpread, LeavesTheNamedCpuAndRestoresTheMask) {
   MaskGuard guard;
   if (CPU_COUNT(&guard.saved) < 2) GTEST_SKIP() << "one CPU allowed";
+  // Once the mask is restored the scheduler may move the thread back before the check, now and
+  // then on a loaded machine: count the tries that found it on the named CPU.
+  int stayed = 0;
   for (int round = 0; round < 20; ++round) {
     const int here = vtpu::current_cpu();
     vtpu::leave_cpu(here);
-    EXPECT_NE(vtpu::current_cpu(), here);
+    if (vtpu::current_cpu() == here) ++stayed;
     const cpu_set_t after = mask();
     EXPECT_TRUE(CPU_EQUAL(&after, &guard.saved));
   }
+  EXPECT_LE(stayed, 2);
 }
 
 TEST(CpuSpread, StaysWhenTheNamedCpuIsAnother) {
   MaskGuard guard;
   if (CPU_COUNT(&guard.saved) < 2) GTEST_SKIP() << "one CPU allowed";
-  // Pinned to one CPU with the other allowed one named: leave_cpu must not move it.
+  // Two CPUs allowed, the other one named: leave_cpu must not move the thread. The scheduler
+  // may still migrate it between two reads now and then on a loaded machine, so the test
+  // counts moves over many tries (a leave_cpu that moved would move on every one).
   const int here = vtpu::current_cpu();
   int other = -1;
   for (int c = 0; c < CPU_SETSIZE && other < 0; ++c) {
@@ -53,15 +59,17 @@ TEST(CpuSpread, StaysWhenTheNamedCpuIsAnother) {
   CPU_SET(here, &two);
   CPU_SET(other, &two);
   ASSERT_EQ(sched_setaffinity(0, sizeof two, &two), 0);
-  const int now = vtpu::current_cpu();
-  const int elsewhere = now == here ? other : here;
-  vtpu::leave_cpu(elsewhere);
-  EXPECT_EQ(vtpu::current_cpu(), now);
-  vtpu::leave_cpu(-1);
-  vtpu::leave_cpu(CPU_SETSIZE + 5);
-  EXPECT_EQ(vtpu::current_cpu(), now);
-  const cpu_set_t after = mask();
-  EXPECT_TRUE(CPU_EQUAL(&after, &two));
+  int moved = 0;
+  for (int round = 0; round < 40; ++round) {
+    const int now = vtpu::current_cpu();
+    vtpu::leave_cpu(now == here ? other : here);
+    vtpu::leave_cpu(-1);
+    vtpu::leave_cpu(CPU_SETSIZE + 5);
+    if (vtpu::current_cpu() != now) ++moved;
+    const cpu_set_t after = mask();
+    EXPECT_TRUE(CPU_EQUAL(&after, &two));
+  }
+  EXPECT_LE(moved, 4);
 }
 
 TEST(CpuSpread, StaysWhenOnlyOneCpuIsAllowed) {
