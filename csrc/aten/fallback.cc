@@ -698,9 +698,10 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
                             auto [r, k] = fresh_slot[i];
                             const IValue& v = cpu[r];
                             at::Tensor result = v.isTensor() ? v.toTensor() : v.toTensorList().get(k);
-                            if (is_written_in_place(result, targets[i])) continue;
-                            // In the target's memory but laid out otherwise: through a copy.
-                            targets[i].copy_(storages_overlap(result, targets[i]) ? result.clone() : result);
+                            if (offered && is_written_in_place(result, targets[i])) continue;
+                            // Served the target's memory but laid out otherwise: through a copy.
+                            const bool in_target = offered && storages_overlap(result, targets[i]);
+                            targets[i].copy_(in_target ? result.clone() : result);
                           }
                           if (offered) {
                             cpu.clear();

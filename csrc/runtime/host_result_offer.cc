@@ -21,16 +21,19 @@ std::mutex lent_mu;
 std::vector<void*> lent;  // guarded by lent_mu
 std::atomic<size_t> lent_count{0};
 
+// Where `p` is in `lent` (lent_mu held), or its end.
+std::vector<void*>::iterator find_lent(void* p) { return std::find(lent.begin(), lent.end(), p); }
+
 bool is_lent(void* p) {
   if (lent_count.load(std::memory_order_acquire) == 0) return false;
   std::lock_guard<std::mutex> guard(lent_mu);
-  return std::find(lent.begin(), lent.end(), p) != lent.end();
+  return find_lent(p) != lent.end();
 }
 
 bool release_if_lent(void* p) {
   if (lent_count.load(std::memory_order_acquire) == 0) return false;
   std::lock_guard<std::mutex> guard(lent_mu);
-  auto it = std::find(lent.begin(), lent.end(), p);
+  auto it = find_lent(p);
   if (it == lent.end()) return false;
   lent.erase(it);
   lent_count.fetch_sub(1, std::memory_order_release);

@@ -22,8 +22,8 @@ namespace torch_tpu {
 // check_released() verifies that: a block still held by anything but the kernel's returned
 // result (a kernel that caches what it allocated) stays out of every allocator's hands for good,
 // offers stop for the process, and it raises. For kernels that keep nothing they allocate past
-// the call: the fallback's convolutions of operands in the default layout. `results`: host aliases of the op's fresh
-// results (undefined ones skipped).
+// the call: the fallback's convolutions of operands in the default layout. `results`: host
+// aliases of the op's fresh results (undefined ones skipped).
 class HostResultOffer {
  public:
   explicit HostResultOffer(c10::ArrayRef<at::Tensor> results);
