@@ -93,7 +93,12 @@ std::pair<uint64_t, uint64_t> TPUGeneratorImpl::reserve(uint64_t n) {
   TORCH_INTERNAL_ASSERT(kind_ == RngKind::kPhilox);
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t offset = offset_;
-  offset_ += (n + 3) / 4 * 4;
+  const uint64_t step = (n + 3) / 4 * 4;
+  // get_state stores the offset as an int64, so it must stay below 2**63 to round-trip.
+  TORCH_CHECK(step <= static_cast<uint64_t>(INT64_MAX) - offset, "tpu generator: drawing ", n,
+              " numbers would move the Philox offset (", offset,
+              ") past 2**63 - 1; reseed it with manual_seed or set_offset");
+  offset_ = offset + step;
   return {seed_, offset};
 }
 

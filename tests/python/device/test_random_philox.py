@@ -124,6 +124,21 @@ def test_generator_set_state_bad_input():
     assert g.get_offset() == 8
 
 
+def test_draw_past_the_largest_offset_raises_and_keeps_the_state():
+    torch.tpu.manual_seed(5)
+    g = torch.tpu.default_generators[0]
+    g.set_offset(2**63 - 12)
+    torch.empty(8, device="tpu").uniform_()
+    state = torch.tpu.get_rng_state()
+    x = torch.zeros(16, device="tpu")
+    with pytest.raises(RuntimeError, match="past 2\\*\\*63"):
+        x.uniform_()
+    assert torch.equal(x.cpu(), torch.zeros(16))
+    assert torch.equal(torch.tpu.get_rng_state(), state)
+    torch.tpu.set_rng_state(state)  # the state still round-trips
+    assert g.get_offset() == 2**63 - 4
+
+
 @pytest.mark.parametrize(
     "bad, exc", [(2**64, ValueError), (-(2**63) - 1, ValueError), ("x", TypeError), (None, TypeError)]
 )
