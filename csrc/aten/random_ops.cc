@@ -15,6 +15,7 @@
 #include <string>
 #include <type_traits>
 
+#include "exec/vmath.h"
 #include "runtime/philox.h"
 
 namespace torch_tpu {
@@ -38,6 +39,24 @@ PHILOX_CLONES void bernoulli_lanes(uint64_t seed, uint64_t start, uint64_t thres
     const uint64_t k = ((static_cast<uint64_t>(w[0][j]) << 32) | w[1][j]) >> 11;
     mask[j] = k < threshold ? 1 : 0;
   }
+}
+
+// Standard normals at positions start .. start + kPhiloxLanes - 1, as float: Box-Muller's cosine
+// branch on 24-bit uniforms, with vmath's log and cos (vectorized, and with this file's
+// -ffp-contract=off the same bits on every instruction set).
+PHILOX_CLONES void normal_lanes(uint64_t seed, uint64_t start, float* z) {
+  uint32_t w[4][kPhiloxLanes];
+  philox_blocks(seed, start, w);
+  for (int j = 0; j < kPhiloxLanes; ++j) {
+    const float u1 = 1.0f - philox_uniform24(w[0][j]);
+    const float u2 = philox_uniform24(w[1][j]);
+    z[j] = __builtin_sqrtf(-2.0f * exec::vmath::log(u1)) * exec::vmath::cos(static_cast<float>(2.0 * M_PI) * u2);
+  }
+}
+
+// mean + std * z rounded once to float (the double math of the other dtypes' fills).
+PHILOX_CLONES void affine_lanes(const float* z, double mean, double std, float* out, int lanes) {
+  for (int j = 0; j < lanes; ++j) out[j] = static_cast<float>(mean + std * static_cast<double>(z[j]));
 }
 
 enum class Kind {
@@ -140,7 +159,7 @@ double standard_normal(const PhiloxCounter& b) {
   } else {
     const float u1 = 1.0f - philox_uniform24(b[0]);
     const float u2 = philox_uniform24(b[1]);
-    return std::sqrt(-2.0f * std::log(u1)) * std::cos(static_cast<float>(2.0 * M_PI) * u2);
+    return __builtin_sqrtf(-2.0f * exec::vmath::log(u1)) * exec::vmath::cos(static_cast<float>(2.0 * M_PI) * u2);
   }
 }
 
@@ -185,9 +204,31 @@ void fill_bernoulli(T* out, int64_t n, uint64_t seed, uint64_t offset, double p)
   });
 }
 
+// normal(mean, std) below double, whole blocks of lanes at a time: the values standard_normal
+// gives element by element.
+template <typename T>
+void fill_normal(T* out, int64_t n, uint64_t seed, uint64_t offset, double mean, double std) {
+  at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
+    float z[kPhiloxLanes], v[kPhiloxLanes];
+    for (int64_t base = begin; base < end; base += kPhiloxLanes) {
+      const int lanes = static_cast<int>(std::min<int64_t>(kPhiloxLanes, end - base));
+      normal_lanes(seed, offset + static_cast<uint64_t>(base), z);
+      if constexpr (std::is_same_v<T, float>) {
+        affine_lanes(z, mean, std, out + base, lanes);
+      } else {
+        affine_lanes(z, mean, std, v, lanes);
+        for (int j = 0; j < lanes; ++j) out[base + j] = static_cast<T>(v[j]);
+      }
+    }
+  });
+}
+
 template <typename T>
 void fill(T* out, int64_t n, uint64_t seed, uint64_t offset, const Params& prm, const double* probs) {
   if (prm.kind == Kind::kBernoulliFloat && probs == nullptr) return fill_bernoulli(out, n, seed, offset, prm.a);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
+    if (prm.kind == Kind::kNormal) return fill_normal(out, n, seed, offset, prm.a, prm.b);
+  }
   at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
     uint32_t words[4][kPhiloxLanes];
     int64_t base = -1;

@@ -70,6 +70,28 @@ def test_element_i_depends_only_on_seed_and_offset_plus_i():
     assert torch.equal(t.cpu().flatten(), whole)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_normal_is_box_muller_of_the_streams_words(dtype):
+    # random_ reads the same blocks: with a range of 2**32 element i is block i's word 0, and
+    # random_() on int64 keeps word 1 in its low 32 bits. The oracle is float64 math on them.
+    n = 3000  # several 64-lane blocks and a partial one, split across threads
+    torch.tpu.set_rng_state(state(11, 40))
+    w0 = torch.empty(n, device="tpu", dtype=torch.int64).random_(0, 2**32).cpu()
+    torch.tpu.set_rng_state(state(11, 40))
+    w1 = torch.empty(n, device="tpu", dtype=torch.int64).random_().cpu() & 0xFFFFFFFF
+    u1 = 1.0 - (w0 >> 8).double() / 2**24
+    u2 = (w1 >> 8).double() / 2**24
+    expected = 1.5 + 2.0 * torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2 * math.pi * u2)
+    torch.tpu.set_rng_state(state(11, 40))
+    got = torch.empty(n, device="tpu", dtype=dtype).normal_(1.5, 2.0).cpu().double()
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    torch.testing.assert_close(got, expected, rtol=tol, atol=tol)
+    # A slice drawn on its own gets the same values (positions decide, not the threads' split).
+    torch.tpu.set_rng_state(state(11, 40 + 1000))
+    part = torch.empty(n - 1000, device="tpu", dtype=dtype).normal_(1.5, 2.0).cpu().double()
+    assert torch.equal(part, got[1000:])
+
+
 def test_same_seed_same_stream_on_every_chip():
     # As CUDA: chips seeded alike draw alike; seeds differ to make them differ.
     torch.manual_seed(31)
