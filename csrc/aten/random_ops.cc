@@ -59,6 +59,18 @@ PHILOX_CLONES void affine_lanes(const float* z, double mean, double std, float* 
   for (int j = 0; j < lanes; ++j) out[j] = static_cast<float>(mean + std * static_cast<double>(z[j]));
 }
 
+// uniform(a, b) as float at positions start .. start + lanes - 1: a + u (b - a) in double, rounded
+// once; a value that rounds to b becomes a, so that the range stays half-open (as CUDA's).
+PHILOX_CLONES void uniform_lanes(uint64_t seed, uint64_t start, double a, double b, float* out, int lanes) {
+  uint32_t w[4][kPhiloxLanes];
+  philox_blocks(seed, start, w);
+  const float low = static_cast<float>(a);
+  for (int j = 0; j < lanes; ++j) {
+    const float r = static_cast<float>(a + static_cast<double>(philox_uniform24(w[0][j])) * (b - a));
+    out[j] = (static_cast<double>(r) < b || !(a < b)) ? r : low;
+  }
+}
+
 enum class Kind {
   kNone,
   kUniform,
@@ -228,6 +240,16 @@ void fill(T* out, int64_t n, uint64_t seed, uint64_t offset, const Params& prm, 
   if (prm.kind == Kind::kBernoulliFloat && probs == nullptr) return fill_bernoulli(out, n, seed, offset, prm.a);
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
     if (prm.kind == Kind::kNormal) return fill_normal(out, n, seed, offset, prm.a, prm.b);
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (prm.kind == Kind::kUniform) {
+      return at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
+        for (int64_t base = begin; base < end; base += kPhiloxLanes) {
+          const int lanes = static_cast<int>(std::min<int64_t>(kPhiloxLanes, end - base));
+          uniform_lanes(seed, offset + static_cast<uint64_t>(base), prm.a, prm.b, out + base, lanes);
+        }
+      });
+    }
   }
   at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
     uint32_t words[4][kPhiloxLanes];

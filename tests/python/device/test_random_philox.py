@@ -70,15 +70,30 @@ def test_element_i_depends_only_on_seed_and_offset_plus_i():
     assert torch.equal(t.cpu().flatten(), whole)
 
 
+def stream_words(seed, offset, n):
+    """Words 0 and 1 of the blocks at positions offset .. offset + n - 1, read through random_:
+    with a range of 2**32 element i is block i's word 0; random_() on int64 keeps word 1 in its
+    low 32 bits."""
+    torch.tpu.set_rng_state(state(seed, offset))
+    w0 = torch.empty(n, device="tpu", dtype=torch.int64).random_(0, 2**32).cpu()
+    torch.tpu.set_rng_state(state(seed, offset))
+    w1 = torch.empty(n, device="tpu", dtype=torch.int64).random_().cpu() & 0xFFFFFFFF
+    return w0, w1
+
+
+def test_uniform_is_the_streams_first_word():
+    n = 3000  # several 64-lane blocks and a partial one, split across threads
+    w0, _ = stream_words(7, 16, n)
+    expected = (-1.0 + (w0 >> 8).double() / 2**24 * 4.0).float()  # a + u (b - a), rounded once
+    torch.tpu.set_rng_state(state(7, 16))
+    assert torch.equal(torch.empty(n, device="tpu").uniform_(-1, 3).cpu(), expected)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_normal_is_box_muller_of_the_streams_words(dtype):
-    # random_ reads the same blocks: with a range of 2**32 element i is block i's word 0, and
-    # random_() on int64 keeps word 1 in its low 32 bits. The oracle is float64 math on them.
+    # The oracle is float64 math on the stream's words.
     n = 3000  # several 64-lane blocks and a partial one, split across threads
-    torch.tpu.set_rng_state(state(11, 40))
-    w0 = torch.empty(n, device="tpu", dtype=torch.int64).random_(0, 2**32).cpu()
-    torch.tpu.set_rng_state(state(11, 40))
-    w1 = torch.empty(n, device="tpu", dtype=torch.int64).random_().cpu() & 0xFFFFFFFF
+    w0, w1 = stream_words(11, 40, n)
     u1 = 1.0 - (w0 >> 8).double() / 2**24
     u2 = (w1 >> 8).double() / 2**24
     expected = 1.5 + 2.0 * torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2 * math.pi * u2)
