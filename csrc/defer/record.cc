@@ -185,15 +185,16 @@ class SiteSink final : public ScalarSink {
   }
 
   ValueId bernoulli_mask(ir::Builder& b, const ir::Shape& shape, double p, const at::Generator& gen) override {
-    ValueId m = b.parameter(ir::ElementType::pred, shape);
     Param param;
     param.rng = RngDraw{gen, p, shape, true};
     auto* impl = at::check_generator<TPUGeneratorImpl>(gen);
     if (impl->kind() == RngKind::kPhilox) {
-      // Reserved now, in program order, as strict mode reserves them when it queues the op.
+      // Reserved now, in program order, as strict mode reserves them when it queues the op;
+      // before the builder's parameter, as reserving may throw (past offset 2**63 - 1).
       param.rng->philox = true;
       std::tie(param.rng->seed, param.rng->offset) = impl->reserve(static_cast<uint64_t>(ir::numel(shape)));
     }
+    ValueId m = b.parameter(ir::ElementType::pred, shape);
     r_.params.push_back(std::move(param));
     if (r_.rng_params++ == 0) g_rng_regions.fetch_add(1);
     return m;

@@ -659,6 +659,20 @@ def test_dead_rng_result_still_advances_the_generator(defer):
     assert stats()["outputs_dead"] >= 2
 
 
+def test_draw_past_the_largest_offset_leaves_the_pending_region_whole(defer):
+    # The draw raises at the call; what was recorded before it still runs.
+    x = torch.arange(8.0, device="tpu")
+    a = x * 2 + 1
+    g = torch.tpu.default_generators[0]
+    g.set_offset(2**63 - 4)
+    with pytest.raises(RuntimeError, match="past 2"):
+        F.dropout(a * 3, 0.5)
+    assert g.get_offset() == 2**63 - 4
+    torch.tpu.manual_seed(0)
+    assert torch.equal(a.cpu(), torch.arange(8.0) * 2 + 1)
+    assert torch.equal(F.dropout(a * 3, 0.0).cpu(), (torch.arange(8.0) * 2 + 1) * 3)
+
+
 def test_reseeding_and_state_with_a_pending_region_that_draws(defer):
     # manual_seed / get_rng_state flush and wait first: the pending region's
     # numbers come from before the reseed, as in strict mode.
