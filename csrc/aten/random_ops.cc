@@ -15,7 +15,6 @@
 #include <string>
 #include <type_traits>
 
-#include "exec/vmath.h"
 #include "runtime/philox.h"
 
 namespace torch_tpu {
@@ -41,18 +40,7 @@ PHILOX_CLONES void bernoulli_lanes(uint64_t seed, uint64_t start, uint64_t thres
   }
 }
 
-// Standard normals at positions start .. start + kPhiloxLanes - 1, as float: Box-Muller's cosine
-// branch on 24-bit uniforms, with vmath's log and cos (vectorized, and with this file's
-// -ffp-contract=off the same bits on every instruction set).
-PHILOX_CLONES void normal_lanes(uint64_t seed, uint64_t start, float* z) {
-  uint32_t w[4][kPhiloxLanes];
-  philox_blocks(seed, start, w);
-  for (int j = 0; j < kPhiloxLanes; ++j) {
-    const float u1 = 1.0f - philox_uniform24(w[0][j]);
-    const float u2 = philox_uniform24(w[1][j]);
-    z[j] = __builtin_sqrtf(-2.0f * exec::vmath::log(u1)) * exec::vmath::cos(static_cast<float>(2.0 * M_PI) * u2);
-  }
-}
+PHILOX_CLONES void normal_lanes(uint64_t seed, uint64_t start, float* z) { philox_normal_lanes(seed, start, z); }
 
 // mean + std * z rounded once to float (the double math of the other dtypes' fills).
 PHILOX_CLONES void affine_lanes(const float* z, double mean, double std, float* out, int lanes) {
@@ -169,9 +157,7 @@ double standard_normal(const PhiloxCounter& b) {
     const double u2 = philox_uniform53(b[2], b[3]);
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
   } else {
-    const float u1 = 1.0f - philox_uniform24(b[0]);
-    const float u2 = philox_uniform24(b[1]);
-    return __builtin_sqrtf(-2.0f * exec::vmath::log(u1)) * exec::vmath::cos(static_cast<float>(2.0 * M_PI) * u2);
+    return philox_box_muller(b[0], b[1]);
   }
 }
 

@@ -13,6 +13,8 @@
 #include <array>
 #include <cstdint>
 
+#include "exec/vmath.h"
+
 namespace torch_tpu {
 
 using PhiloxCounter = std::array<uint32_t, 4>;
@@ -92,6 +94,23 @@ inline __attribute__((always_inline)) void philox_blocks(uint64_t seed, uint64_t
 inline float philox_uniform24(uint32_t w) { return static_cast<float>(w >> 8) * (1.0f / 16777216.0f); }
 inline double philox_uniform53(uint32_t hi, uint32_t lo) {
   return static_cast<double>(((static_cast<uint64_t>(hi) << 32) | lo) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+// A standard normal from a block's words 0 and 1, in float: Box-Muller's cosine branch,
+// sqrt(-2 ln(1 - u0)) cos(2 pi u1) on their 24-bit uniforms, with vmath's log and cos. Built with
+// the executor's floating-point flags (-ffp-contract=off), loops over it vectorize and give the
+// same bits on every instruction set (tests/cpp/test_philox_lanes.cc).
+inline __attribute__((always_inline)) float philox_box_muller(uint32_t w0, uint32_t w1) {
+  const float u1 = 1.0f - philox_uniform24(w0);
+  const float u2 = philox_uniform24(w1);
+  return __builtin_sqrtf(-2.0f * exec::vmath::log(u1)) * exec::vmath::cos(6.28318530717958647692f * u2);
+}
+
+// The standard normals of positions start .. start + kPhiloxLanes - 1.
+inline __attribute__((always_inline)) void philox_normal_lanes(uint64_t seed, uint64_t start, float* z) {
+  uint32_t w[4][kPhiloxLanes];
+  philox_blocks(seed, start, w);
+  for (int j = 0; j < kPhiloxLanes; ++j) z[j] = philox_box_muller(w[0][j], w[1][j]);
 }
 
 }  // namespace torch_tpu
