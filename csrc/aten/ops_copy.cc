@@ -150,10 +150,15 @@ at::Tensor& fill_scalar_tpu_(at::Tensor& self, const at::Scalar& value) {
     return self;
   }
   clear_undefined_if_whole(self);
-  stream.enqueue("aten::fill_", [dst = TensorRecipe::of(self), value] {
-    AliasBuilder host(c10::kCPU);
-    host.alias(dst).fill_(value);
-  });
+  // Stream-ordered, as op results: a dropped tensor's block goes back at once for later work on
+  // this stream (holding it until the fill ran kept a block per queued `torch.zeros`).
+  stream.enqueue_named(
+      "aten::fill_",
+      [dst = stream_ordered_recipe(self, stream), value] {
+        AliasBuilder host(c10::kCPU);
+        host.alias(dst).fill_(value);
+      },
+      0);
   return self;
 }
 

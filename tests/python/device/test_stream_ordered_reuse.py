@@ -119,3 +119,29 @@ def test_record_stream_of_another_device_raises():
     x = torch.ones(4, device="tpu:0")
     with pytest.raises(RuntimeError, match="record_stream: expected a stream of tpu:0"):
         x.record_stream(torch.tpu.Stream(device="tpu:1"))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.zeros(N, device="tpu"),
+        lambda: torch.full((N,), 2.5, device="tpu"),
+        lambda: torch.empty(N, device="tpu").fill_(-1.0),
+    ],
+    ids=["zeros", "full", "fill_"],
+)
+def test_dropped_fill_results_reuse_their_block(gate, make):
+    # A fill queued behind other work does not keep its tensor's block: a loop of dropped
+    # zeros holds one block, as a loop of dropped `x + 1` does, not one per queued fill.
+    host = torch.randn(N)
+    x = host.to("tpu")
+    _kept_with_closed_gate(gate, x, make)
+    blocked = gate(x)
+    allocated = torch.tpu.memory_allocated()
+    for _ in range(50):
+        make()
+    assert torch.tpu.memory_allocated() <= allocated + 4 * N
+    kept = make()
+    gate.open()
+    assert torch.equal(kept.cpu(), make().cpu())
+    assert torch.equal(blocked.cpu(), host + 1)
