@@ -105,7 +105,11 @@ OpInfo* build(const c10::OperatorHandle& op) {
     info->no_meta = false;
     info->meta_check = OpInfo::MetaCheck::kLayerNormDtype;
   }
-  info->offer_results = name == "aten::convolution" || name == "aten::convolution_backward";
+  // CPU kernels that allocate their results (no out= overload, or a generated out= wrapper that
+  // copies) and keep none of their tensors: offered the HBM results' memory.
+  static const std::unordered_set<std::string> offers = {"aten::convolution", "aten::convolution_backward",
+                                                         "aten::relu", "aten::flip", "aten::roll"};
+  info->offer_results = offers.count(name) > 0;
   info->quantized = name.rfind("aten::quantize_per", 0) == 0 || name.rfind("aten::_make_per_", 0) == 0 ||
                     name == "aten::_empty_affine_quantized" || name == "aten::_empty_per_channel_affine_quantized";
   // Out= overloads whose CPU kernels resize the out tensor to the unreduced shape before

@@ -42,7 +42,8 @@ struct OpInfo {
   bool quantized = false;                 // creates quantized tensors: NotImplementedError at the call
   bool has_optional_tensor_list = false;  // a Tensor?[] argument (index lists)
   // Its CPU kernel allocates its results and keeps none of its tensors past the call (the
-  // convolutions): they are offered the HBM results' memory (runtime/host_result_offer.h).
+  // convolutions, relu, flip, roll): they are offered the HBM results' memory
+  // (runtime/host_result_offer.h).
   bool offer_results = false;
   CustomCostCheck custom_cost;  // has(schema name): priced by a custom function
 };
