@@ -70,6 +70,10 @@ def ops(n: int):
             lambda d: (torch.randn(2, 8, conv_n, conv_n, device=d), torch.randn(8, 8, 3, 3, device=d)),
         ),
         ("bf16 add", lambda a, b: a + b, lambda d: (sq(d, torch.bfloat16), sq(d, torch.bfloat16))),
+        # Added 2026-12-07 (seventeenth session): a fill, and kernels that allocate their result.
+        ("zeros_like", torch.zeros_like, lambda d: (sq(d),)),
+        ("relu", torch.relu, lambda d: (sq(d),)),
+        ("flip", lambda a: a.flip(0), lambda d: (sq(d),)),
     ]
 
 
