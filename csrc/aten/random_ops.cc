@@ -40,10 +40,11 @@ PHILOX_CLONES void bernoulli_lanes(uint64_t seed, uint64_t start, uint64_t thres
   }
 }
 
-PHILOX_CLONES void normal_lanes(uint64_t seed, uint64_t start, float* z) { philox_normal_lanes(seed, start, z); }
-
-// mean + std * z rounded once to float (the double math of the other dtypes' fills).
-PHILOX_CLONES void affine_lanes(const float* z, double mean, double std, float* out, int lanes) {
+// normal(mean, std) as float at positions start .. start + lanes - 1: mean + std * z in double,
+// rounded once (the double math of the element-by-element fills).
+PHILOX_CLONES void normal_lanes(uint64_t seed, uint64_t start, double mean, double std, float* out, int lanes) {
+  float z[kPhiloxLanes];
+  philox_normal_lanes(seed, start, z);
   for (int j = 0; j < lanes; ++j) out[j] = static_cast<float>(mean + std * static_cast<double>(z[j]));
 }
 
@@ -188,52 +189,43 @@ struct Params {
   const at::Tensor* p = nullptr;  // bernoulli: probabilities laid out as the result
 };
 
-// bernoulli with one float p (dropout's masks): whole blocks of lanes at a time.
-template <typename T>
-void fill_bernoulli(T* out, int64_t n, uint64_t seed, uint64_t offset, double p) {
-  const uint64_t threshold = static_cast<uint64_t>(std::ceil(p * 9007199254740992.0));  // p in [0, 1]
+// Calls lanes_at(base, lanes) for runs of at most kPhiloxLanes positions covering [0, n), split
+// across the intra-op threads: the whole-block fills.
+template <typename LanesAt>
+void for_each_lanes(int64_t n, const LanesAt& lanes_at) {
   at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
-    uint8_t mask[kPhiloxLanes];
     for (int64_t base = begin; base < end; base += kPhiloxLanes) {
-      bernoulli_lanes(seed, offset + static_cast<uint64_t>(base), threshold, mask);
-      const int64_t lanes = std::min<int64_t>(kPhiloxLanes, end - base);
-      for (int64_t j = 0; j < lanes; ++j) out[base + j] = static_cast<T>(mask[j]);
-    }
-  });
-}
-
-// normal(mean, std) below double, whole blocks of lanes at a time: the values standard_normal
-// gives element by element.
-template <typename T>
-void fill_normal(T* out, int64_t n, uint64_t seed, uint64_t offset, double mean, double std) {
-  at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
-    float z[kPhiloxLanes], v[kPhiloxLanes];
-    for (int64_t base = begin; base < end; base += kPhiloxLanes) {
-      const int lanes = static_cast<int>(std::min<int64_t>(kPhiloxLanes, end - base));
-      normal_lanes(seed, offset + static_cast<uint64_t>(base), z);
-      if constexpr (std::is_same_v<T, float>) {
-        affine_lanes(z, mean, std, out + base, lanes);
-      } else {
-        affine_lanes(z, mean, std, v, lanes);
-        for (int j = 0; j < lanes; ++j) out[base + j] = static_cast<T>(v[j]);
-      }
+      lanes_at(base, static_cast<int>(std::min<int64_t>(kPhiloxLanes, end - base)));
     }
   });
 }
 
 template <typename T>
 void fill(T* out, int64_t n, uint64_t seed, uint64_t offset, const Params& prm, const double* probs) {
-  if (prm.kind == Kind::kBernoulliFloat && probs == nullptr) return fill_bernoulli(out, n, seed, offset, prm.a);
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
-    if (prm.kind == Kind::kNormal) return fill_normal(out, n, seed, offset, prm.a, prm.b);
+  auto at = [offset](int64_t base) { return offset + static_cast<uint64_t>(base); };
+  if (prm.kind == Kind::kBernoulliFloat && probs == nullptr) {                                // dropout's masks
+    const uint64_t threshold = static_cast<uint64_t>(std::ceil(prm.a * 9007199254740992.0));  // p in [0, 1]
+    return for_each_lanes(n, [&](int64_t base, int lanes) {
+      uint8_t mask[kPhiloxLanes];
+      bernoulli_lanes(seed, at(base), threshold, mask);
+      for (int j = 0; j < lanes; ++j) out[base + j] = static_cast<T>(mask[j]);
+    });
   }
   if constexpr (std::is_same_v<T, float>) {
+    if (prm.kind == Kind::kNormal) {
+      return for_each_lanes(
+          n, [&](int64_t base, int lanes) { normal_lanes(seed, at(base), prm.a, prm.b, out + base, lanes); });
+    }
     if (prm.kind == Kind::kUniform) {
-      return at::parallel_for(0, n, 16384, [&](int64_t begin, int64_t end) {
-        for (int64_t base = begin; base < end; base += kPhiloxLanes) {
-          const int lanes = static_cast<int>(std::min<int64_t>(kPhiloxLanes, end - base));
-          uniform_lanes(seed, offset + static_cast<uint64_t>(base), prm.a, prm.b, out + base, lanes);
-        }
+      return for_each_lanes(
+          n, [&](int64_t base, int lanes) { uniform_lanes(seed, at(base), prm.a, prm.b, out + base, lanes); });
+    }
+  } else if constexpr (std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>) {
+    if (prm.kind == Kind::kNormal) {  // through float, as static_cast<T>(double) goes
+      return for_each_lanes(n, [&](int64_t base, int lanes) {
+        float v[kPhiloxLanes];
+        normal_lanes(seed, at(base), prm.a, prm.b, v, lanes);
+        for (int j = 0; j < lanes; ++j) out[base + j] = static_cast<T>(v[j]);
       });
     }
   }
