@@ -37,8 +37,15 @@ struct OpInfo {
   // run, which has no CPU results, still takes shapes from it.
   bool meta_disagrees = false;
   // Some calls' meta kernels disagree with the CPU kernel: those run synchronously
-  // (kFactoryOut: arange/linspace/logspace into a shaped out=; kEmptyDims: nansum(dim=[])).
-  enum class MetaCheck { kNone, kFactoryOut, kEmptyDims, kLayerNormDtype } meta_check = MetaCheck::kNone;
+  // (kFactoryOut: arange/linspace/logspace into a shaped out=; kEmptyDims: nansum(dim=[]);
+  // kLayerNormDtype, kBatchNormTraining: all but the calls queued in meta_disagrees_here).
+  enum class MetaCheck {
+    kNone,
+    kFactoryOut,
+    kEmptyDims,
+    kLayerNormDtype,
+    kBatchNormTraining
+  } meta_check = MetaCheck::kNone;
   bool quantized = false;                 // creates quantized tensors: NotImplementedError at the call
   bool has_optional_tensor_list = false;  // a Tensor?[] argument (index lists)
   // Its CPU kernel allocates its results and keeps none of its tensors past the call (the

@@ -1,4 +1,4 @@
-"""Copies between host and chip, and ops that run at once on the calling thread, start no OpenMP
+"""Copies between host and chip, and ops that run at once, start no OpenMP
 team on the calling thread.
 
 A parallel region on the calling thread would start a second team beside the stream worker's,
@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent(
     small_t = t_small.t().contiguous().cpu()
     back = torch.empty(1024, 1024)
     back.copy_(t_big)
-    normed = torch.nn.functional.batch_norm(t_big, None, None, training=True).cpu()  # runs at once, on this thread
+    normed = torch.nn.functional.batch_norm(t_big, None, None, training=True).cpu()  # runs at once, on the worker
     before = threads()
     oracle = big.exp() + 1  # the user's own parallel CPU kernel: now the calling thread starts its team
     after = threads()
