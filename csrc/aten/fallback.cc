@@ -517,6 +517,11 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
     }
     return false;
   }
+  if (info.meta_check == OpInfo::MetaCheck::kBatchNormBackwardMask) {  // ..., output_mask
+    if (dry_run()) return false;  // nothing reads the values of a dry run's grad_input
+    const IValue& mask = arg(n - 1);
+    return mask.isBoolList() && !mask.toBoolList().empty() && !mask.toBoolList().get(0);
+  }
   if (info.meta_check == OpInfo::MetaCheck::kBatchNormTraining) {
     // input, weight, bias, running_mean, running_var, training, momentum, eps
     if (dry_run()) return false;  // no CPU results to take shapes from

@@ -112,10 +112,17 @@ OpInfo* build(const c10::OperatorHandle& op) {
     info->no_meta = false;
     info->meta_check = OpInfo::MetaCheck::kBatchNormTraining;
   }
+  if (name == "aten::native_batch_norm_backward") info->meta_check = OpInfo::MetaCheck::kBatchNormBackwardMask;
   // CPU kernels that allocate their results (no out= overload, or a generated out= wrapper that
   // copies) and keep none of their tensors: offered the HBM results' memory.
-  static const std::unordered_set<std::string> offers = {"aten::convolution", "aten::convolution_backward",
-                                                         "aten::relu", "aten::flip", "aten::roll"};
+  static const std::unordered_set<std::string> offers = {"aten::convolution",
+                                                         "aten::convolution_backward",
+                                                         "aten::relu",
+                                                         "aten::flip",
+                                                         "aten::roll",
+                                                         "aten::native_group_norm",
+                                                         "aten::native_group_norm_backward",
+                                                         "aten::native_layer_norm_backward"};
   info->offer_results = offers.count(name) > 0;
   info->quantized = name.rfind("aten::quantize_per", 0) == 0 || name.rfind("aten::_make_per_", 0) == 0 ||
                     name == "aten::_empty_affine_quantized" || name == "aten::_empty_per_channel_affine_quantized";

@@ -38,13 +38,15 @@ struct OpInfo {
   bool meta_disagrees = false;
   // Some calls' meta kernels disagree with the CPU kernel: those run synchronously
   // (kFactoryOut: arange/linspace/logspace into a shaped out=; kEmptyDims: nansum(dim=[]);
-  // kLayerNormDtype, kBatchNormTraining: all but the calls queued in meta_disagrees_here).
+  // kLayerNormDtype, kBatchNormTraining: all but the calls queued in meta_disagrees_here;
+  // kBatchNormBackwardMask: no grad_input asked for, which the meta kernel returns anyway).
   enum class MetaCheck {
     kNone,
     kFactoryOut,
     kEmptyDims,
     kLayerNormDtype,
-    kBatchNormTraining
+    kBatchNormTraining,
+    kBatchNormBackwardMask
   } meta_check = MetaCheck::kNone;
   bool quantized = false;                 // creates quantized tensors: NotImplementedError at the call
   bool has_optional_tensor_list = false;  // a Tensor?[] argument (index lists)

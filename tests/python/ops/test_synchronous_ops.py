@@ -155,3 +155,37 @@ def test_other_batch_norm_calls_take_cpu_shapes(gate, case):
         assert torch.equal(g.cpu(), w)
     assert torch.equal(t_mean.cpu(), mean)
     assert torch.equal(t_var.cpu(), var)
+
+
+@pytest.mark.parametrize(
+    "mask", [[False, True, True], [False, False, True], [False, False, False], [True, True, False]]
+)
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_backward_output_mask_as_cpu(mask, training):
+    # CPU's kernel returns None where output_mask is False; the meta kernel gives a grad_input
+    # anyway, which the tpu's queued kernel then failed to fill ("doesn't have storage").
+    torch.manual_seed(4)
+    g, x = torch.randn(4, 3, 5, 5), torch.randn(4, 3, 5, 5)
+    w, mean, var = torch.randn(3), torch.randn(3), torch.rand(3) + 0.5
+    _, save_mean, save_invstd = torch.native_batch_norm(x, w, None, None, None, True, 0.1, 1e-5)
+    stats = (None, None, save_mean, save_invstd) if training else (mean, var, None, None)
+
+    def call(dev):
+        on = [t if t is None else t.to(dev) for t in (g, x, w, *stats)]
+        return torch.ops.aten.native_batch_norm_backward(*on, training, 1e-5, mask)
+
+    for got, want in zip(call("tpu"), call("cpu")):
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert torch.equal(got.cpu(), want)
+
+
+def test_batch_norm_on_input_without_grad_trains_as_cpu():
+    torch.manual_seed(5)
+    x = torch.randn(16, 4) * 2 + 1
+    cpu, tpu = torch.nn.BatchNorm1d(4), torch.nn.BatchNorm1d(4).to("tpu")
+    cpu(x).pow(2).sum().backward()
+    tpu(x.to("tpu")).pow(2).sum().backward()
+    torch.testing.assert_close(tpu.weight.grad.cpu(), cpu.weight.grad)
+    torch.testing.assert_close(tpu.bias.grad.cpu(), cpu.bias.grad)
+    torch.testing.assert_close(tpu.running_var.cpu(), cpu.running_var)
