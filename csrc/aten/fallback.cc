@@ -251,6 +251,9 @@ class SignatureKey {
     } else if (v.isDoubleList()) {
       add(7000 + v.toDoubleList().size());
       for (double d : v.toDoubleList()) real(d);
+    } else if (v.isBoolList()) {  // output_mask: which results a backward kernel computes and checks
+      add(7500 + v.toBoolList().size());
+      for (bool b : v.toBoolList()) add(5000 + b);
     } else if (v.isString()) {
       add(8000 + std::hash<std::string>()(v.toStringRef()));
     } else if (v.isDevice()) {
@@ -342,14 +345,14 @@ void run_on_worker_and_wait(vtpu::Stream& stream, const std::string& label, Work
   auto outcome = std::make_shared<Outcome>();
   stream.enqueue_named(label.c_str(), [work = std::forward<Work>(work), known = std::move(known), outcome] {
     try {
-      outcome->warnings = run_collecting_warnings(std::cref(work), known);
+      run_collecting_warnings(std::cref(work), known, outcome->warnings);
     } catch (...) {
       outcome->failure = std::current_exception();
     }
   });
   wait_stream_idle(stream);
+  rewarn(outcome->warnings);  // at the call, on the calling thread, before a failure as on CPU
   if (outcome->failure) std::rethrow_exception(outcome->failure);
-  rewarn(outcome->warnings);  // at the call, on the calling thread
 }
 
 // Queues `work` on `stream`; a signature not yet seen on this thread runs now
@@ -513,6 +516,14 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
     const at::ScalarType dtype = arg(0).toTensor().scalar_type();
     if (dtype != at::kFloat && dtype != at::kDouble) return true;
     for (size_t i : {2, 3}) {
+      if (arg(i).isTensor() && arg(i).toTensor().defined() && arg(i).toTensor().scalar_type() != dtype) return true;
+    }
+    return false;
+  }
+  if (info.meta_check == OpInfo::MetaCheck::kGroupNormDtype) {  // input, weight, bias, N, C, HxW, ...
+    if (dry_run() || !arg(0).isTensor()) return false;
+    const at::ScalarType dtype = arg(0).toTensor().scalar_type();
+    for (size_t i : {1, 2}) {
       if (arg(i).isTensor() && arg(i).toTensor().defined() && arg(i).toTensor().scalar_type() != dtype) return true;
     }
     return false;
@@ -848,6 +859,24 @@ bool worth_a_team(const std::vector<IValue>& args) {
   return largest >= at::internal::GRAIN_SIZE;
 }
 
+// Whether tensor argument `i` shares memory with another tensor argument.
+bool overlaps_another_argument(const std::vector<IValue>& args, size_t i) {
+  const at::Tensor& t = args[i].toTensor();
+  auto overlaps = [&](const at::Tensor& other) {
+    if (!t.defined() || !other.defined() || !t.has_storage() || !other.has_storage()) return false;
+    const auto status = at::get_overlap_status(t, other);
+    return status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial;
+  };
+  for (size_t j = 0; j < args.size(); ++j) {
+    if (j == i) continue;
+    if (args[j].isTensor() && overlaps(args[j].toTensor())) return true;
+    if (args[j].isTensorList())
+      for (const at::Tensor& other : args[j].toTensorList())
+        if (overlaps(other)) return true;
+  }
+  return false;
+}
+
 // Synchronous path: wait for the chip, run the CPU kernel on host aliases now.
 void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std::string& label) {
   if (dry_run()) dry_run_host_read(label + " (it runs on the host at once: data-dependent or host results)");
@@ -860,11 +889,13 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
   c10::DeviceIndex device = check.index();
   synchronize_device(device);
 
-  // out= arguments get fresh host tensors: the CPU kernel may resize them.
+  // out= arguments get fresh host tensors: the CPU kernel may resize them. One that shares
+  // memory with another argument keeps it, so that CPU's kernel sees the overlap it rejects.
   std::vector<bool> is_out(num_args, false);
   for (size_t i = 0; i < num_args; ++i) {
     const auto* a = alias_of(schema.arguments()[i]);
-    is_out[i] = a && a->isWrite() && schema.arguments()[i].kwarg_only() && args[i].isTensor();
+    is_out[i] = a && a->isWrite() && schema.arguments()[i].kwarg_only() && args[i].isTensor() &&
+                !overlaps_another_argument(args, i);
   }
   struct HostCall {
     torch::jit::Stack cpu;
@@ -886,6 +917,8 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
     }
     call->cpu_args.assign(call->cpu.begin(), call->cpu.end());
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    // A tpu op on either thread: no CPU autocast (the calling thread's torch.autocast("cpu")).
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     call_host_kernel(op, &call->cpu, precision, philox);
   };
   // A kernel large enough to split runs on the stream's worker, whose OpenMP team is idle now
@@ -907,9 +940,14 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
     if (!is_out[i]) continue;
     const auto& result = call->cpu_args[i].toTensor();
     const auto& tpu = args[i].toTensor();
-    // out= semantics: resized only when the shape differs (keeping its
-    // storage offset); a view keeps its strides and offset.
-    if (!tpu.sizes().equals(result.sizes())) tpu.resize_(result.sizes());
+    // out= semantics: resized only when the shape differs (keeping its storage offset), to the
+    // strides CPU's kernel gave it (nonzero's are column-major); a view keeps its strides.
+    if (!tpu.sizes().equals(result.sizes())) {
+      tpu.resize_(result.sizes());
+      if (!tpu.strides().equals(result.strides()) && result.is_non_overlapping_and_dense()) {
+        tpu.as_strided_(result.sizes(), result.strides(), tpu.storage_offset());
+      }
+    }
     copies.emplace_back(tpu, result);
   }
   torch::jit::drop(*stack, num_args);
@@ -940,7 +978,10 @@ void run_now(const c10::OperatorHandle& op, torch::jit::Stack* stack, const std:
   }
   // Written before the call returns, as the kernel's own results would be.
   auto copy_all = [copies = std::move(copies)] {
-    for (const auto& [tpu, host] : copies) host_alias(tpu).copy_(host);
+    for (const auto& [tpu, host] : copies) {
+      at::Tensor target = host_alias(tpu);
+      if (!is_written_in_place(host, target)) target.copy_(host);
+    }
   };
   if (on_worker) {
     run_on_worker_and_wait(stream, label, std::move(copy_all));

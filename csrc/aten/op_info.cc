@@ -113,6 +113,7 @@ OpInfo* build(const c10::OperatorHandle& op) {
     info->meta_check = OpInfo::MetaCheck::kBatchNormTraining;
   }
   if (name == "aten::native_batch_norm_backward") info->meta_check = OpInfo::MetaCheck::kBatchNormBackwardMask;
+  if (name == "aten::native_group_norm") info->meta_check = OpInfo::MetaCheck::kGroupNormDtype;
   // CPU kernels that allocate their results (no out= overload, or a generated out= wrapper that
   // copies) and keep none of their tensors: offered the HBM results' memory.
   static const std::unordered_set<std::string> offers = {"aten::convolution",

@@ -39,14 +39,16 @@ struct OpInfo {
   // Some calls' meta kernels disagree with the CPU kernel: those run synchronously
   // (kFactoryOut: arange/linspace/logspace into a shaped out=; kEmptyDims: nansum(dim=[]);
   // kLayerNormDtype, kBatchNormTraining: all but the calls queued in meta_disagrees_here;
-  // kBatchNormBackwardMask: no grad_input asked for, which the meta kernel returns anyway).
+  // kBatchNormBackwardMask: no grad_input asked for, which the meta kernel returns anyway;
+  // kGroupNormDtype: parameters of another dtype, CPU's mean/rstd float32 where the meta's are not).
   enum class MetaCheck {
     kNone,
     kFactoryOut,
     kEmptyDims,
     kLayerNormDtype,
     kBatchNormTraining,
-    kBatchNormBackwardMask
+    kBatchNormBackwardMask,
+    kGroupNormDtype
   } meta_check = MetaCheck::kNone;
   bool quantized = false;                 // creates quantized tensors: NotImplementedError at the call
   bool has_optional_tensor_list = false;  // a Tensor?[] argument (index lists)

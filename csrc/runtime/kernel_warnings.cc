@@ -30,18 +30,24 @@ std::atomic<size_t> queued_count{0};
 
 }  // namespace
 
-std::vector<c10::Warning> run_collecting_warnings(const std::function<void()>& work,
-                                                  const std::vector<std::string>& known) {
+void run_collecting_warnings(const std::function<void()>& work, const std::vector<std::string>& known,
+                             std::vector<c10::Warning>& warnings) {
   Collector collector(known);
   c10::WarningUtils::WarningHandlerGuard guard(&collector);
   try {
     work();
   } catch (...) {
-    // The failure is what matters; its warnings still reach the caller.
-    collector.warnings.clear();
+    warnings = std::move(collector.warnings);
     throw;
   }
-  return std::move(collector.warnings);
+  warnings = std::move(collector.warnings);
+}
+
+std::vector<c10::Warning> run_collecting_warnings(const std::function<void()>& work,
+                                                  const std::vector<std::string>& known) {
+  std::vector<c10::Warning> warnings;
+  run_collecting_warnings(work, known, warnings);  // a failure's warnings are dropped with it
+  return warnings;
 }
 
 void queue_warnings(std::thread::id issuer, std::vector<c10::Warning> warnings) {

@@ -14,9 +14,13 @@ namespace torch_tpu {
 
 // Runs `work` (on a worker thread) with a handler that collects its warnings
 // instead of printing them; warnings whose message is in `known` (already
-// given by the op's meta kernel at the call) are dropped.
+// given by the op's meta kernel at the call) are dropped. When `work` throws,
+// its warnings are dropped with it (the sticky error is what the caller gets).
 std::vector<c10::Warning> run_collecting_warnings(const std::function<void()>& work,
                                                   const std::vector<std::string>& known);
+// The same, into `warnings`, which keeps what was collected when `work` throws.
+void run_collecting_warnings(const std::function<void()>& work, const std::vector<std::string>& known,
+                             std::vector<c10::Warning>& warnings);
 
 // Keeps `warnings` for `issuer`, which receives them at its next synchronization.
 void queue_warnings(std::thread::id issuer, std::vector<c10::Warning> warnings);

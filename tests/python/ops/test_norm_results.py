@@ -75,3 +75,24 @@ def test_results_kept_across_calls_stay():
     kept = [F.group_norm(x.to("tpu"), 4) for x in xs]
     for x, y in zip(xs, kept):
         assert torch.equal(y.cpu(), F.group_norm(x, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_group_norm_with_float32_parameters_matches_cpu(dtype):
+    # Reduced-precision activations, float32 affine parameters: CPU's mean/rstd are float32
+    # (the meta kernel's would be the input's dtype), and backward takes them as they are.
+    torch.manual_seed(4)
+    x, w, b = torch.randn(2, 8, 4, 4).to(dtype), torch.randn(8), torch.randn(8)
+    got = torch.native_group_norm(x.to("tpu"), w.to("tpu"), b.to("tpu"), 2, 8, 16, 4, 1e-5)
+    want = torch.native_group_norm(x, w, b, 2, 8, 16, 4, 1e-5)
+    for g, c in zip(got, want):
+        assert g.dtype == c.dtype
+        assert torch.equal(g.cpu(), c)
+    grads = {}
+    for dev in ("cpu", "tpu"):
+        xx, ww = x.clone().to(dev).requires_grad_(), w.clone().to(dev).requires_grad_()
+        F.group_norm(xx, 4, ww, b.to(dev)).float().pow(2).sum().backward()
+        grads[dev] = (xx.grad.cpu(), ww.grad.cpu())
+    for g, c in zip(grads["tpu"], grads["cpu"]):
+        assert g.dtype == c.dtype
+        assert torch.equal(g, c)

@@ -189,3 +189,81 @@ def test_batch_norm_on_input_without_grad_trains_as_cpu():
     torch.testing.assert_close(tpu.weight.grad.cpu(), cpu.weight.grad)
     torch.testing.assert_close(tpu.bias.grad.cpu(), cpu.bias.grad)
     torch.testing.assert_close(tpu.running_var.cpu(), cpu.running_var)
+
+
+@pytest.mark.parametrize("numel", [1 << 17, 1000])
+def test_cpu_autocast_leaves_synchronous_tpu_ops_alone(numel):
+    # torch.autocast("cpu") is about CPU tensors: a tpu op runs in its inputs' dtype whichever
+    # thread its CPU kernel runs on (the calling thread's autocast state used to leak in).
+    torch.manual_seed(6)
+    a, b = torch.rand(numel).bfloat16(), torch.rand(numel).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = F.binary_cross_entropy(a.to("tpu"), b.to("tpu"))
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.cpu(), F.binary_cross_entropy(a, b))
+
+
+@pytest.mark.parametrize("numel", [1 << 17, 64])
+def test_warning_before_an_error_given_at_the_call(numel, capfd):
+    # CPU warns that out= was resized, then raises on the index. With an exception in flight,
+    # PyTorch prints the warning to stderr rather than through `warnings`: so does tpu.
+    x = torch.randn(numel, 4)
+    mask = torch.arange(numel) % 2 == 0
+    idx = torch.full((numel // 2,), 10)
+    results = {}
+    for dev in ("cpu", "tpu"):
+        out = torch.empty(7, device=dev)
+        capfd.readouterr()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(IndexError) as error:
+                torch.ops.aten.index.Tensor_out(x.to(dev), [mask.to(dev), idx.to(dev)], out=out)
+        printed = capfd.readouterr().err
+        told = [str(w.message) for w in caught] + [line for line in printed.splitlines() if "resized" in line]
+        results[dev] = (sum("resized" in t for t in told), str(error.value))
+    assert results["tpu"] == results["cpu"]
+    assert results["cpu"][0] == 1
+
+
+@pytest.mark.parametrize("numel", [1 << 17, 4])
+def test_out_overlapping_the_input_rejected_as_on_cpu(numel):
+    values = torch.arange(numel, dtype=torch.float32) - numel / 2
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch.masked_select(values.clone(), values > 0, out=values.clone())  # no overlap: fine
+        x = values.clone()
+        torch.masked_select(x, x > 0, out=x)
+    x = values.to("tpu")
+    with pytest.raises(RuntimeError) as tpu_error:
+        torch.masked_select(x, x > 0, out=x)
+    assert str(tpu_error.value).splitlines()[0] == str(cpu_error.value).splitlines()[0]
+    assert torch.equal(x.cpu(), values)  # nothing the user had is lost
+
+
+@pytest.mark.parametrize("out_shape", [(0,), (3, 3), (12, 2)])
+def test_nonzero_out_takes_cpu_strides(out_shape):
+    x = torch.randn(6, 2)
+    x[0, 1] = 0
+    want = torch.empty(out_shape, dtype=torch.long)
+    got = torch.empty(out_shape, dtype=torch.long, device="tpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.nonzero(x, out=want)
+        torch.nonzero(x.to("tpu"), out=got)
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert torch.equal(got.cpu(), want)
+
+
+def test_first_call_check_tells_output_masks_apart():
+    # A mask CPU rejects after one it accepts: raised at the call, not at a later synchronize.
+    x, g = torch.randn(2, 8, 4, 4), torch.randn(2, 8, 4, 4)
+    _, mean, rstd = torch.native_group_norm(x, None, None, 2, 8, 16, 4, 1e-5)
+    on_tpu = [t.to("tpu") for t in (g, x, mean, rstd)]
+    ok = torch.ops.aten.native_group_norm_backward(*on_tpu, None, 2, 8, 16, 4, [True, False, False])
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch.ops.aten.native_group_norm_backward(g, x, mean, rstd, None, 2, 8, 16, 4, [True, True, True])
+    with pytest.raises(RuntimeError) as tpu_error:
+        torch.ops.aten.native_group_norm_backward(*on_tpu, None, 2, 8, 16, 4, [True, True, True])
+    assert str(tpu_error.value).splitlines()[0] == str(cpu_error.value).splitlines()[0]
+    torch.tpu.synchronize()
+    want = torch.ops.aten.native_group_norm_backward(g, x, mean, rstd, None, 2, 8, 16, 4, [True, False, False])
+    assert torch.equal(ok[0].cpu(), want[0])
