@@ -1,5 +1,6 @@
-"""A wider sweep than ops.py for finding slow ops: about 50 common operators at 1024x1024 (pooling
-and normalisation on [8, 64, 64, 64]), tpu (strict) against CPU eager, each side in its own
+"""A wider sweep than ops.py for finding slow ops: about 55 common operators at 1024x1024 (pooling
+and normalisation, forward and backward, on [8, 64, 64, 64]; two small synchronous ops on 64x64),
+tpu (strict) against CPU eager, each side in its own
 process (the CPU one without torch_tpu). Per op: the fastest of --repeats samples of --iters calls
 each (tpu: then torch.tpu.synchronize()), per call; printed sorted by tpu/cpu, slowest first.
 Samples of a few milliseconds are hit by the scheduler ticks of docs/limits.md after idling, so
@@ -28,6 +29,14 @@ def ops(dev):
     pos, mask = a.abs() + 0.1, a > 0
     idx, lab = torch.randint(0, n, (n, n), device=dev), torch.randint(0, n, (n,), device=dev)
     x4 = torch.randn(8, 64, 64, 64, device=dev)
+    # Backward passes: one graph each, differentiated again every call.
+    grad4, grad2 = torch.randn_like(x4), torch.randn_like(a)
+    leaf4, leaf2 = x4.clone().requires_grad_(), a.clone().requires_grad_()
+    w64, b64, w_n = (torch.randn(k, device=dev).requires_grad_() for k in (64, 64, n))
+    gn_out = F.group_norm(leaf4, 8, w64, b64)
+    bn_out = F.batch_norm(leaf4, None, None, w64, b64, training=True)
+    ln_out = F.layer_norm(leaf2, (n,), w_n)
+    small, small_mask = a[:64, :64].clone(), mask[:64, :64].clone()  # synchronous, on the calling thread
     return {
         "relu": lambda: F.relu(a),
         "sigmoid": lambda: torch.sigmoid(a),
@@ -80,6 +89,11 @@ def ops(dev):
         "group_norm": lambda: F.group_norm(x4, 8),
         "rms_norm": lambda: F.rms_norm(a, (n,)),
         "nonzero": lambda: mask.nonzero(),
+        "group_norm backward": lambda: torch.autograd.grad(gn_out, (leaf4, w64, b64), grad4, retain_graph=True),
+        "batch_norm backward": lambda: torch.autograd.grad(bn_out, (leaf4, w64, b64), grad4, retain_graph=True),
+        "layer_norm backward": lambda: torch.autograd.grad(ln_out, (leaf2, w_n), grad2, retain_graph=True),
+        "nonzero 64x64": lambda: small_mask.nonzero(),
+        "x[mask] 64x64": lambda: small[small_mask],
     }
 
 
