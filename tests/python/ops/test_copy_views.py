@@ -10,18 +10,8 @@ from helpers.devices import needs_v6e_8
 
 pytestmark = needs_v6e_8
 
-DTYPES = [
-    torch.float32,
-    torch.bfloat16,
-    torch.float16,
-    torch.float64,
-    torch.int64,
-    torch.int32,
-    torch.int8,
-    torch.uint8,
-    torch.bool,
-    torch.complex64,
-]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
+          torch.int8, torch.uint8, torch.bool, torch.complex64]
 
 
 def sample(shape=(4, 6), dtype=torch.float32):
@@ -34,7 +24,6 @@ def sample(shape=(4, 6), dtype=torch.float32):
 
 
 # --- empty / empty_strided ---------------------------------------------------
-
 
 def test_empty_shape_dtype_device():
     t = torch.empty(2, 3, 4, dtype=torch.bfloat16, device="tpu:1")
@@ -60,7 +49,6 @@ def test_empty_negative_size_rejected():
 
 # --- copies ------------------------------------------------------------------
 
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[1])
 def test_round_trip_every_dtype(dtype):
     c = sample(dtype=dtype)
@@ -73,10 +61,10 @@ def test_non_contiguous_copies():
     c = torch.arange(60.0).reshape(3, 4, 5)
     views = [c.transpose(0, 2), c[:, ::2, 1:4], c.permute(1, 2, 0)[1:], c.expand(2, 3, 4, 5)[1]]
     for v in views:
-        assert torch.equal(v.to("tpu").cpu(), v)  # host -> device from a view
+        assert torch.equal(v.to("tpu").cpu(), v)          # host -> device from a view
     t = c.to("tpu")
     for tv, v in zip([t.transpose(0, 2), t[:, ::2, 1:4], t.permute(1, 2, 0)[1:]], views):
-        assert torch.equal(tv.cpu(), v)  # device view -> host
+        assert torch.equal(tv.cpu(), v)                   # device view -> host
         assert torch.equal(tv.contiguous().cpu(), v)
     # Writing into a non-contiguous device view.
     d = torch.zeros(4, 6, device="tpu")
@@ -151,32 +139,24 @@ def test_copy_between_chips():
     b = a.to("tpu:3")
     assert b.device == torch.device("tpu", 3)
     assert torch.equal(b.cpu(), c)
-    nc = a.t()[2:].to("tpu:1")  # non-contiguous source
+    nc = a.t()[2:].to("tpu:1")                 # non-contiguous source
     assert torch.equal(nc.cpu(), c.t()[2:])
     dst = torch.zeros(7, 5, device="tpu:2")
-    dst.copy_(a.t())  # copy_ across chips into an existing tensor
+    dst.copy_(a.t())                           # copy_ across chips into an existing tensor
     assert torch.equal(dst.cpu(), c.t())
     back = (b * 2).to("tpu:0")
     assert torch.equal(back.cpu(), c * 2)
 
 
-@pytest.mark.parametrize(
-    "src,dst",
-    [
-        (torch.float32, torch.int32),
-        (torch.float32, torch.bfloat16),
-        (torch.int64, torch.float16),
-        (torch.bool, torch.float32),
-        (torch.float64, torch.float32),
-        (torch.uint8, torch.int8),
-    ],
-)
+@pytest.mark.parametrize("src,dst", [(torch.float32, torch.int32), (torch.float32, torch.bfloat16),
+                                     (torch.int64, torch.float16), (torch.bool, torch.float32),
+                                     (torch.float64, torch.float32), (torch.uint8, torch.int8)])
 def test_dtype_converting_copies(src, dst):
     c = sample(dtype=src) * (1 if src == torch.bool else 1)
     expected = c.to(dst)
-    assert torch.equal(c.to("tpu", dst).cpu(), expected)  # host -> device
-    assert torch.equal(c.to("tpu").to(dst).cpu(), expected)  # on device
-    assert torch.equal(c.to("tpu").to("cpu", dst), expected)  # device -> host
+    assert torch.equal(c.to("tpu", dst).cpu(), expected)            # host -> device
+    assert torch.equal(c.to("tpu").to(dst).cpu(), expected)         # on device
+    assert torch.equal(c.to("tpu").to("cpu", dst), expected)        # device -> host
     assert torch.equal(c.to("tpu:0").to("tpu:1", dst).cpu(), expected)  # across chips
     out = torch.empty(c.shape, dtype=dst, device="tpu")
     out.copy_(c)
@@ -209,7 +189,7 @@ def test_large_upload_waits_for_queued_work(gate):
     big = torch.randn(512 * 1024)  # 2 MiB
     d = torch.zeros(512 * 1024, device="tpu")
     y = gate(torch.zeros(1, device="tpu"))
-    d.fill_(3.0)  # queued behind the gate
+    d.fill_(3.0)                   # queued behind the gate
     gate.open_after(0.1)
     d.copy_(big)
     assert torch.equal(d.cpu(), big)
@@ -259,12 +239,11 @@ def test_dataloader_pin_memory_feeds_tpu():
         assert xb.is_pinned() and yb.is_pinned()
         xt, yt = xb.to("tpu", non_blocking=True), yb.to("tpu", non_blocking=True)
         sums.append(((xt * 2).sum() + yt.sum()).item())
-    expected = [(xs[i : i + 4] * 2).sum().item() + ys[i : i + 4].sum().item() for i in range(0, 10, 4)]
+    expected = [(xs[i:i + 4] * 2).sum().item() + ys[i:i + 4].sum().item() for i in range(0, 10, 4)]
     assert sums == expected
 
 
 # --- views -------------------------------------------------------------------
-
 
 def test_views_share_storage_and_match_cpu():
     c = torch.arange(24.0).reshape(4, 6)
@@ -301,9 +280,9 @@ def test_writes_through_views(mode):
             x.view(24)[::7] = 1.0
             x.as_strided((2, 2), (6, 1), 8).fill_(2.0)
             x.t()[5].zero_()
-            x[3].add_(5)  # in-place op on a view with an offset
-            x[1:3, ::2].mul_(3)  # ... with strides
-            torch.add(x[0], 1, out=x[2])  # out= into a view
+            x[3].add_(5)                     # in-place op on a view with an offset
+            x[1:3, ::2].mul_(3)              # ... with strides
+            torch.add(x[0], 1, out=x[2])     # out= into a view
         assert torch.equal(t.cpu(), c)
 
 
@@ -367,7 +346,6 @@ def test_out_variant_resizes_on_device():
 
 # --- fill, zero, item --------------------------------------------------------
 
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool, torch.float64])
 def test_fill_and_zero(dtype):
     value = True if dtype == torch.bool else 3
@@ -403,22 +381,17 @@ def test_item():
 
 # --- printing ----------------------------------------------------------------
 
-
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: torch.arange(12.0).reshape(3, 4),
-        lambda: torch.arange(12.0).reshape(3, 4).t(),
-        lambda: torch.arange(24.0).reshape(2, 3, 4)[:, ::2, 1:],
-        lambda: torch.arange(12.0).reshape(3, 4).to(torch.bfloat16),
-        lambda: torch.arange(12).reshape(3, 4)[::2],
-        lambda: torch.tensor(3.25),
-        lambda: torch.empty(0, 3),
-        lambda: torch.linspace(-1e6, 1e-6, 7),
-        lambda: torch.arange(2000.0),  # summarized with "..."
-    ],
-    ids=["contiguous", "transposed", "sliced3d", "bf16", "int_strided", "scalar", "empty", "sci", "long"],
-)
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(12.0).reshape(3, 4),
+    lambda: torch.arange(12.0).reshape(3, 4).t(),
+    lambda: torch.arange(24.0).reshape(2, 3, 4)[:, ::2, 1:],
+    lambda: torch.arange(12.0).reshape(3, 4).to(torch.bfloat16),
+    lambda: torch.arange(12).reshape(3, 4)[::2],
+    lambda: torch.tensor(3.25),
+    lambda: torch.empty(0, 3),
+    lambda: torch.linspace(-1e6, 1e-6, 7),
+    lambda: torch.arange(2000.0),  # summarized with "..."
+], ids=["contiguous", "transposed", "sliced3d", "bf16", "int_strided", "scalar", "empty", "sci", "long"])
 def test_print_matches_cpu(make):
     c = make()
     for dev in ("tpu:0", "tpu:2"):
@@ -436,7 +409,6 @@ def test_print_matches_cpu(make):
 
 
 # --- torch.save / torch.load -------------------------------------------------
-
 
 def _saved(obj):
     buf = io.BytesIO()
