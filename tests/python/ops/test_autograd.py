@@ -12,9 +12,8 @@ pytestmark = needs_v6e_8
 
 def make_mlp():
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
-    )
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16),
+                               torch.nn.ReLU(), torch.nn.Linear(16, 3))
 
 
 def batch():
@@ -53,7 +52,7 @@ def test_autograd_grad_on_non_leaf_views():
     outs = []
     for x in (ac, at):
         v = x.t()[1:3] * 2
-        outs.append(torch.autograd.grad((v**2).sum(), x)[0])
+        outs.append(torch.autograd.grad((v ** 2).sum(), x)[0])
     torch.testing.assert_close(outs[1].cpu(), outs[0])
 
 

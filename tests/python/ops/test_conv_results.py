@@ -55,10 +55,8 @@ def test_conv_forward_backward_match_cpu(case, dtype, bias):
 def _channels_last_runs():
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(2, 8, 20, 20, generator=g), torch.randn(16, 8, 3, 3, generator=g), torch.randn(16)
-    return (
-        _run("cpu", x, w, b, dict(padding=1), F.conv2d, torch.channels_last),
-        _run("tpu", x, w, b, dict(padding=1), F.conv2d, torch.channels_last),
-    )
+    return (_run("cpu", x, w, b, dict(padding=1), F.conv2d, torch.channels_last),
+            _run("tpu", x, w, b, dict(padding=1), F.conv2d, torch.channels_last))
 
 
 def test_channels_last_values():
@@ -97,15 +95,12 @@ def test_conv_errors_at_the_call_as_cpu():
     assert str(tpu_err.value) == str(cpu_err.value)
 
 
-@pytest.mark.parametrize(
-    "conv,x_shape,w_shape",
-    [
-        (F.conv2d, (1, 2, 5, 5), (0, 2, 3, 3)),  # no output channels
-        (F.conv_transpose2d, (1, 0, 5, 5), (0, 4, 3, 3)),  # no input channels
-        (F.conv2d, (1, 0, 5, 5), (4, 0, 3, 3)),  # weight without input channels
-        (F.conv2d, (0, 2, 5, 5), (4, 2, 3, 3)),  # empty batch
-    ],
-)
+@pytest.mark.parametrize("conv,x_shape,w_shape", [
+    (F.conv2d, (1, 2, 5, 5), (0, 2, 3, 3)),            # no output channels
+    (F.conv_transpose2d, (1, 0, 5, 5), (0, 4, 3, 3)),  # no input channels
+    (F.conv2d, (1, 0, 5, 5), (4, 0, 3, 3)),            # weight without input channels
+    (F.conv2d, (0, 2, 5, 5), (4, 2, 3, 3)),            # empty batch
+])
 def test_empty_weights_and_batches_as_cpu(conv, x_shape, w_shape):
     # Their pricing divided by the weight's first dimension: a SIGFPE, not CPU's error.
     x, w = torch.randn(x_shape), torch.randn(w_shape)

@@ -24,16 +24,8 @@ def test_highest_is_exact_fp32(precision):
 
 @pytest.mark.parametrize(
     "rows,cols,weight_layout",
-    [
-        (4, 8192, "linear"),
-        (2, 8192, "linear"),
-        (7, 8192, "linear"),
-        (8, 8200, "linear"),
-        (1, 8192, "linear"),
-        (9, 8192, "linear"),
-        (4, 8191, "linear"),
-        (4, 8192, "contiguous"),
-    ],
+    [(4, 8192, "linear"), (2, 8192, "linear"), (7, 8192, "linear"), (8, 8200, "linear"), (1, 8192, "linear"),
+     (9, 8192, "linear"), (4, 8191, "linear"), (4, 8192, "contiguous")],
 )
 def test_a_few_rows_against_a_large_weight_are_as_accurate_as_cpu(precision, rows, cols, weight_layout):
     # 2-8 rows by a transposed [N >= 8192, K] weight (a decode step's vocabulary projection) run in
@@ -116,7 +108,8 @@ def test_conv2d_follows_precision(precision):
     got = F.conv2d(x.tpu(), w.tpu(), bias.tpu(), padding=1).cpu()
     precision("highest")
     torch.testing.assert_close(got, F.conv2d(_bf16(x), _bf16(w), bias, padding=1), atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(F.conv2d(x.tpu(), w.tpu(), bias.tpu(), padding=1).cpu(), F.conv2d(x, w, bias, padding=1))
+    torch.testing.assert_close(F.conv2d(x.tpu(), w.tpu(), bias.tpu(), padding=1).cpu(),
+                               F.conv2d(x, w, bias, padding=1))
 
 
 def test_bf16_elementwise_rounds_once():

@@ -34,7 +34,8 @@ CASE_TIMEOUT_S = 600 if FULL else 120
 
 
 @pytest.mark.timeout(CASE_TIMEOUT_S, method="thread")
-@pytest.mark.parametrize("name,dtype,kind,max_samples", CASES, ids=[f"{n}-{d}-{k}" for n, d, k, _ in CASES])
+@pytest.mark.parametrize(
+    "name,dtype,kind,max_samples", CASES, ids=[f"{n}-{d}-{k}" for n, d, k, _ in CASES])
 def test_opinfo(name, dtype, kind, max_samples):
     reason = H.skip_reason(SKIPS, name, dtype, kind)
     if reason:
@@ -55,9 +56,8 @@ def test_skip_file_is_well_formed():
         assert kind in H.KINDS, f"{key}: unknown kind {kind!r}"
         assert isinstance(reason, str) and len(reason.strip()) > 10, f"{key}: give a reason"
         dtypes = list(H.DTYPES) if dtype == "*" else [dtype]
-        assert any(H.applicable(H.OPS[name], d, kind) is None for d in dtypes), (
+        assert any(H.applicable(H.OPS[name], d, kind) is None for d in dtypes), \
             f"{key}: the case does not exist ({H.applicable(H.OPS[name], dtypes[0], kind)}): drop the skip"
-        )
 
 
 def test_ci_shard_covers_every_op():
@@ -65,11 +65,8 @@ def test_ci_shard_covers_every_op():
     and gradients for at least 150 ops."""
     ci = H.ci_cases()
     forward = {n for n, _, k, _ in ci if k == "forward"}
-    missing = [
-        n
-        for n, op in H.OPS.items()
-        if n not in forward and any(H.applicable(op, d, "forward") is None for d in H.DTYPES)
-    ]
+    missing = [n for n, op in H.OPS.items() if n not in forward and
+               any(H.applicable(op, d, "forward") is None for d in H.DTYPES)]
     assert not missing, missing
     grads = {n for n, _, k, _ in ci if k == "grad"}
     assert len(grads) >= 150, len(grads)

@@ -60,7 +60,8 @@ def test_generic_bf16_reaches_the_matmul_through_mkldnn(backends, operands):
     backends.mkldnn.fp32_precision = backends.mkldnn.matmul.fp32_precision = "none"  # inherit...
     backends.fp32_precision = "bf16"  # ... this
     a, b = operands
-    torch.testing.assert_close(_tpu_product(a, b).double(), _bf16(a).double() @ _bf16(b).double(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(_tpu_product(a, b).double(), _bf16(a).double() @ _bf16(b).double(),
+                               atol=1e-4, rtol=1e-5)
 
 
 def test_ieee_everywhere_is_exact(backends, operands):
@@ -81,7 +82,8 @@ def test_highest_override_is_exact_where_the_host_kernel_would_round(backends, o
         w = torch.randn(4, 3, 3, 3, generator=torch.Generator().manual_seed(2))
         conv = torch.nn.functional.conv2d(x.tpu(), w.tpu()).cpu()
     torch.testing.assert_close(got.double(), a.double() @ b.double(), atol=1e-5, rtol=1e-6)
-    torch.testing.assert_close(conv.double(), torch.nn.functional.conv2d(x.double(), w.double()), atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(conv.double(), torch.nn.functional.conv2d(x.double(), w.double()),
+                               atol=1e-5, rtol=1e-6)
 
 
 def test_sdpa_under_mkldnn_bf16_follows_the_precision(backends):

@@ -240,11 +240,8 @@ def test_the_cost_model_prices_the_effective_precision(global_precision):
 
 @pytest.mark.parametrize("bad", ["fast", "high", "HIGHEST", 2, None, torch.tpu.EagerMode.DEFER_NEVER])
 def test_bad_precision_names_the_argument(global_precision, bad):
-    with pytest.raises(
-        TypeError,
-        match=r"torch\.tpu\.precision: mode must be a torch\.tpu\.Precision "
-        r"\(DEFAULT, HIGH, HIGHEST\)",
-    ):
+    with pytest.raises(TypeError, match=r"torch\.tpu\.precision: mode must be a torch\.tpu\.Precision "
+                                        r"\(DEFAULT, HIGH, HIGHEST\)"):
         torch.tpu.precision(bad)
     assert _override() is None
     a = torch.randn(8, 8)

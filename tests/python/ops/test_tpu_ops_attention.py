@@ -60,7 +60,8 @@ def test_splash_sdpa_forward_backward_match_cpu(case):
     ref = _reference(qc, kc, vc, is_causal=causal, window=window)
     ref.backward(grad)
     qt, kt, vt = _leaves(q, k, v, device=DEV)
-    out = ops.splash_sdpa(qt, kt, vt, is_causal=causal, local_window_size=window, enable_gqa=Hq != Hkv, block_q=block_q)
+    out = ops.splash_sdpa(qt, kt, vt, is_causal=causal, local_window_size=window, enable_gqa=Hq != Hkv,
+                          block_q=block_q)
     assert out.device.type == "tpu" and out.shape == (B, Hq, T, D)
     out.backward(grad.to(DEV))
     torch.testing.assert_close(out.detach().cpu(), ref.detach(), atol=2e-5, rtol=1e-4)
@@ -143,21 +144,16 @@ def test_sdpa_on_tpu_takes_flash_where_arguments_allow_and_math_otherwise():
 def test_sdpa_flash_path_matches_cpu_forward_and_backward(mask):
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 3, 21, 8, generator=g) for _ in range(3))
-    kw = {
-        "none": {},
-        "causal": {"is_causal": True},
-        "bool": {"attn_mask": torch.rand(21, 21, generator=g) > 0.2},
-        "float": {"attn_mask": torch.randn(2, 1, 21, 21, generator=g)},
-    }[mask]
+    kw = {"none": {}, "causal": {"is_causal": True}, "bool": {"attn_mask": torch.rand(21, 21, generator=g) > 0.2},
+          "float": {"attn_mask": torch.randn(2, 1, 21, 21, generator=g)}}[mask]
     if mask == "bool":
         kw["attn_mask"].fill_diagonal_(True)
     qc, kc, vc = _leaves(q, k, v)
     ref = F.scaled_dot_product_attention(qc, kc, vc, **kw)
     ref.sum().backward()
     qt, kt, vt = _leaves(q, k, v, device=DEV)
-    out = F.scaled_dot_product_attention(
-        qt, kt, vt, **{n: (t.to(DEV) if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
-    )
+    out = F.scaled_dot_product_attention(qt, kt, vt, **{n: (t.to(DEV) if isinstance(t, torch.Tensor) else t)
+                                                        for n, t in kw.items()})
     out.sum().backward()
     torch.testing.assert_close(out.detach().cpu(), ref.detach(), atol=2e-5, rtol=1e-4)
     for ours, theirs in ((qt, qc), (kt, kc), (vt, vc)):
@@ -169,10 +165,8 @@ def test_splash_sdpa_and_sdpa_compile_forward_and_backward():
     decomposes the flash op's forward into math, whose second output its backward cannot use)."""
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 2, 24, 8, generator=g) for _ in range(3))
-    for f in (
-        lambda q, k, v: ops.splash_sdpa(q, k, v, local_window_size=6, block_q=8) * 2,
-        lambda q, k, v: F.scaled_dot_product_attention(q, k, v) * 2,
-    ):
+    for f in (lambda q, k, v: ops.splash_sdpa(q, k, v, local_window_size=6, block_q=8) * 2,
+              lambda q, k, v: F.scaled_dot_product_attention(q, k, v) * 2):
         eager = _leaves(q, k, v, device=DEV)
         f(*eager).sum().backward()
         compiled = _leaves(q, k, v, device=DEV)
@@ -190,47 +184,25 @@ def _qkv(*shapes, dtype=torch.float32, device=DEV):
 BAD = [
     (lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 8), (1, 2, 8, 16))), ValueError, "k head dim 8 differs"),
     (lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 4))), ValueError, "v head dim 4 differs"),
-    (
-        lambda: ops.splash_sdpa(
-            *_qkv((1, 2, 8, 16), (1, 2, 8, 16)), torch.zeros(1, 2, 8, 16, dtype=torch.bfloat16, device=DEV)
-        ),
-        TypeError,
-        "v dtype torch.bfloat16 differs from q dtype torch.float32",
-    ),
-    (
-        lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16)), torch.zeros(1, 2, 8, 16)),
-        ValueError,
-        "v is on cpu, q on tpu",
-    ),
+    (lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16)), torch.zeros(1, 2, 8, 16, dtype=torch.bfloat16,
+                                                                               device=DEV)),
+     TypeError, "v dtype torch.bfloat16 differs from q dtype torch.float32"),
+    (lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16)), torch.zeros(1, 2, 8, 16)), ValueError,
+     "v is on cpu, q on tpu"),
     (lambda: ops.splash_sdpa(*_qkv((1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16))), ValueError, "enable_gqa=True"),
-    (
-        lambda: ops.splash_sdpa(*_qkv((1, 3, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), enable_gqa=True),
-        ValueError,
-        "multiple of k's 2 heads",
-    ),
+    (lambda: ops.splash_sdpa(*_qkv((1, 3, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), enable_gqa=True), ValueError,
+     "multiple of k's 2 heads"),
     (lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 9, 16), (1, 2, 8, 16))), ValueError, "k has 9 keys"),
     (lambda: ops.splash_sdpa(*_qkv((2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16))), ValueError, "k has 4 dimensions"),
-    (
-        lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), local_window_size=0),
-        ValueError,
-        "local_window_size must be a positive int or None, got 0",
-    ),
-    (
-        lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), local_window_size=2.5),
-        ValueError,
-        "local_window_size",
-    ),
+    (lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), local_window_size=0), ValueError,
+     "local_window_size must be a positive int or None, got 0"),
+    (lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), local_window_size=2.5), ValueError,
+     "local_window_size"),
     (lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), block_q=-1), ValueError, "block_q"),
-    (
-        lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), q_layout="ROW"),
-        ValueError,
-        "q_layout must be one of",
-    ),
-    (
-        lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16), dtype=torch.int32)),
-        TypeError,
-        "q must be float32",
-    ),
+    (lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)), q_layout="ROW"), ValueError,
+     "q_layout must be one of"),
+    (lambda: ops.splash_sdpa(*_qkv((1, 2, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16), dtype=torch.int32)), TypeError,
+     "q must be float32"),
 ]
 
 
@@ -264,6 +236,5 @@ def test_splash_sdpa_and_sdpa_in_other_eager_modes(mode):
         plain = F.scaled_dot_product_attention(qt.detach() + 0.0, kt.detach(), vt.detach(), is_causal=True)
     torch.testing.assert_close(out.detach().cpu(), ref.detach(), atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(qt.grad.cpu(), qc.grad, atol=5e-5, rtol=1e-4)
-    torch.testing.assert_close(
-        plain.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=2e-5, rtol=1e-4
-    )
+    torch.testing.assert_close(plain.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True), atol=2e-5,
+                               rtol=1e-4)

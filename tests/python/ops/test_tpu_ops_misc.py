@@ -117,7 +117,6 @@ def test_optimization_barrier_under_torch_compile_is_a_separate_call():
 
 # ----------------------------------------------------------------- jagged NestedTensors
 
-
 def jagged(lengths, dim=4, device=DEV, requires_grad=False):
     g = torch.Generator().manual_seed(sum(lengths))
     parts = [torch.randn(n, dim, generator=g) for n in lengths]
@@ -167,20 +166,14 @@ def test_jagged_bad_input():
     one, _ = jagged([4])
     with pytest.raises(ValueError, match="nt has 1 sequence"):
         ops.strip_jagged_padding(one)
-    holes = torch.nested.narrow(
-        torch.randn(2, 6, 4, device=DEV),
-        1,
-        torch.tensor([0, 1], device=DEV),
-        torch.tensor([3, 4], device=DEV),
-        layout=torch.jagged,
-    )
+    holes = torch.nested.narrow(torch.randn(2, 6, 4, device=DEV), 1, torch.tensor([0, 1], device=DEV),
+                                torch.tensor([3, 4], device=DEV), layout=torch.jagged)
     with pytest.raises(NotImplementedError, match="holes"):
         ops.align_jagged_to_multiple(holes)
     assert ops.align_jagged_to_multiple(nt, 8).values().shape == (8, 4)
 
 
 # ----------------------------------------------------------------- the whole list
-
 
 def test_every_member_is_built_and_unknown_names_raise_attribute_error():
     assert ops.NOT_YET == {}
@@ -192,53 +185,17 @@ def test_public_names_match_torchtpu_signatures():
     import inspect
 
     assert set(ops.__all__) | set(ops.NOT_YET) == {
-        "align_jagged_to_multiple",
-        "all_gather_dim",
-        "max_pool1d",
-        "max_pool1d_backward",
-        "max_pool2d",
-        "max_pool2d_backward",
-        "max_pool3d",
-        "max_pool3d_backward",
-        "optimization_barrier",
-        "ragged_all_to_all",
-        "ragged_dot",
-        "ragged_dot_weight_grad",
-        "recv",
-        "reduce_scatter_dim",
-        "send",
-        "sparse_dense_matmul",
-        "sparse_dense_matmul_activation_unstack",
-        "sparse_dense_matmul_grad_with_adagrad",
-        "sparse_dense_matmul_grad_with_adam",
-        "sparse_dense_matmul_grad_with_sgd",
-        "sparse_dense_matmul_gradient_stack",
-        "sparse_gather",
-        "sparse_gather_backward",
-        "sparse_iota",
-        "sparse_map_row",
-        "splash_sdpa",
-        "strip_jagged_padding",
-    }
+        "align_jagged_to_multiple", "all_gather_dim", "max_pool1d", "max_pool1d_backward", "max_pool2d",
+        "max_pool2d_backward", "max_pool3d", "max_pool3d_backward", "optimization_barrier", "ragged_all_to_all",
+        "ragged_dot", "ragged_dot_weight_grad", "recv", "reduce_scatter_dim", "send", "sparse_dense_matmul",
+        "sparse_dense_matmul_activation_unstack", "sparse_dense_matmul_grad_with_adagrad",
+        "sparse_dense_matmul_grad_with_adam", "sparse_dense_matmul_grad_with_sgd",
+        "sparse_dense_matmul_gradient_stack", "sparse_gather", "sparse_gather_backward", "sparse_iota",
+        "sparse_map_row", "splash_sdpa", "strip_jagged_padding"}
     params = {name: list(inspect.signature(getattr(ops, name)).parameters) for name in ops.__all__}
-    assert params["ragged_all_to_all"] == [
-        "operand",
-        "output",
-        "input_offsets",
-        "send_sizes",
-        "output_offsets",
-        "recv_sizes",
-        "process_group_name",
-        "out",
-    ]
-    assert params["max_pool3d_backward"] == [
-        "grad_output",
-        "input",
-        "kernel_size",
-        "stride",
-        "padding",
-        "dilation",
-        "ceil_mode",
-    ]
+    assert params["ragged_all_to_all"] == ["operand", "output", "input_offsets", "send_sizes", "output_offsets",
+                                           "recv_sizes", "process_group_name", "out"]
+    assert params["max_pool3d_backward"] == ["grad_output", "input", "kernel_size", "stride", "padding",
+                                             "dilation", "ceil_mode"]
     assert params["reduce_scatter_dim"] == ["input", "dim", "group", "reduce_op"]
     assert inspect.signature(ops.align_jagged_to_multiple).parameters["multiple"].default == 128

@@ -15,7 +15,7 @@ DEV = "tpu"
 def loop_ragged_dot(lhs, rhs, sizes):
     out, start = [], 0
     for g, s in enumerate(sizes):
-        out.append(lhs[start : start + s] @ rhs[g])
+        out.append(lhs[start:start + s] @ rhs[g])
         start += s
     return torch.cat(out)
 
@@ -23,7 +23,7 @@ def loop_ragged_dot(lhs, rhs, sizes):
 def loop_weight_grad(lhs, go, sizes):
     out, start = [], 0
     for s in sizes:
-        out.append(lhs[start : start + s].t() @ go[start : start + s])
+        out.append(lhs[start:start + s].t() @ go[start:start + s])
         start += s
     return torch.stack(out)
 
@@ -31,11 +31,8 @@ def loop_weight_grad(lhs, go, sizes):
 def data(sizes, k=8, n=6, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     m = sum(sizes)
-    return (
-        torch.randn(m, k, generator=g).to(dtype),
-        torch.randn(len(sizes), k, n, generator=g).to(dtype),
-        torch.randn(m, n, generator=g).to(dtype),
-    )
+    return (torch.randn(m, k, generator=g).to(dtype), torch.randn(len(sizes), k, n, generator=g).to(dtype),
+            torch.randn(m, n, generator=g).to(dtype))
 
 
 def tol(dtype):
@@ -160,7 +157,6 @@ def test_ragged_dot_weight_grad_bad_input():
 # (ATen's loop over groups), so on tpu it runs as tpu matmuls. It requires 16-byte aligned
 # strides (sizes multiple of 4 for float32, 8 for bfloat16), on CPU and tpu alike.
 
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_grouped_mm_2d_3d_matches_cpu_loop_with_backward(dtype):
     sizes = [3, 0, 5]
@@ -204,9 +200,8 @@ def test_ragged_dot_and_grouped_mm_in_other_eager_modes(mode):
         lt, rt = lhs.to(DEV).requires_grad_(), rhs.to(DEV).requires_grad_()
         got = ops.ragged_dot(lt.sin(), rt, torch.tensor(sizes, device=DEV))
         got.backward(go.to(DEV))
-        gmm = torch._grouped_mm(
-            lhs.to(DEV).sin(), rhs.to(DEV), offs=torch.tensor([3, 3, 8], dtype=torch.int32, device=DEV)
-        )
+        gmm = torch._grouped_mm(lhs.to(DEV).sin(), rhs.to(DEV), offs=torch.tensor([3, 3, 8], dtype=torch.int32,
+                                                                                 device=DEV))
     torch.testing.assert_close(got.cpu(), want.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gmm.cpu(), want.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(lt.grad.cpu(), lc.grad, rtol=1e-5, atol=1e-5)

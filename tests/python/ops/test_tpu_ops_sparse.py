@@ -30,15 +30,12 @@ def _layout(rows, align=8, capacity=40):
     eids += [PAD_VALUE] * (capacity - len(eids))
     sids += [PAD_VALUE] * (capacity - len(sids))
     gains += [0.0] * (capacity - len(gains))
-    return (
-        torch.tensor(rp, dtype=torch.int32),
-        torch.tensor(eids, dtype=torch.int32),
-        torch.tensor(sids, dtype=torch.int32),
-        torch.tensor(gains),
-    )
+    return (torch.tensor(rp, dtype=torch.int32), torch.tensor(eids, dtype=torch.int32),
+            torch.tensor(sids, dtype=torch.int32), torch.tensor(gains))
 
 
-ROWS = [[(3, 0, 1.0), (3, 1, 0.5), (7, 0, 2.0), (0, 4, 1.0), (10, 2, -1.0)], [(3, 3, 1.5), (1, 3, 1.0), (7, 4, 0.25)]]
+ROWS = [[(3, 0, 1.0), (3, 1, 0.5), (7, 0, 2.0), (0, 4, 1.0), (10, 2, -1.0)],
+        [(3, 3, 1.5), (1, 3, 1.0), (7, 4, 0.25)]]
 
 
 def _dense(rows):
@@ -81,9 +78,8 @@ def _grad_setup():
 def test_grad_with_sgd_matches_dense_step():
     table, act_grad, g, _ = _grad_setup()
     lr = torch.tensor(0.1)
-    new = ops.sparse_dense_matmul_grad_with_sgd(
-        *_on(DEV, *_layout(ROWS)), table.to(DEV), act_grad.to(DEV), lr.to(DEV), BATCH, 8, 8, "sgd_table"
-    )
+    new = ops.sparse_dense_matmul_grad_with_sgd(*_on(DEV, *_layout(ROWS)), table.to(DEV), act_grad.to(DEV),
+                                                lr.to(DEV), BATCH, 8, 8, "sgd_table")
     torch.testing.assert_close(new.cpu(), table - 0.1 * g, atol=1e-6, rtol=1e-5)
     opt_table = table.clone().requires_grad_(True)  # the same step as torch.optim.SGD on the dense gradient
     opt = torch.optim.SGD([opt_table], lr=0.1)
@@ -96,17 +92,8 @@ def test_grad_with_adagrad_matches_dense_step_on_touched_rows():
     table, act_grad, g, touched = _grad_setup()
     acc = torch.rand(V, D, generator=torch.Generator().manual_seed(3)) + 0.1
     new_table, new_acc = ops.sparse_dense_matmul_grad_with_adagrad(
-        *_on(DEV, *_layout(ROWS)),
-        table.to(DEV),
-        acc.to(DEV),
-        act_grad.to(DEV),
-        torch.tensor([0.05], device=DEV),
-        1e-6,
-        BATCH,
-        8,
-        8,
-        "adagrad_table",
-    )
+        *_on(DEV, *_layout(ROWS)), table.to(DEV), acc.to(DEV), act_grad.to(DEV), torch.tensor([0.05], device=DEV),
+        1e-6, BATCH, 8, 8, "adagrad_table")
     want_acc = torch.where(touched[:, None], acc + g * g, acc)
     want = torch.where(touched[:, None], table - 0.05 * g / (want_acc.sqrt() + 1e-6), table)
     torch.testing.assert_close(new_acc.cpu(), want_acc, atol=1e-6, rtol=1e-5)
@@ -119,20 +106,8 @@ def test_grad_with_adam_matches_dense_lazy_adam():
     m, v = torch.randn(V, D, generator=gen) * 0.1, torch.rand(V, D, generator=gen) * 0.1
     b1, b2, eps, alpha = 0.9, 0.99, 1e-7, 0.01
     new_table, new_m, new_v = ops.sparse_dense_matmul_grad_with_adam(
-        *_on(DEV, *_layout(ROWS)),
-        table.to(DEV),
-        m.to(DEV),
-        v.to(DEV),
-        act_grad.to(DEV),
-        torch.tensor(alpha, device=DEV),
-        b1,
-        b2,
-        eps,
-        BATCH,
-        8,
-        8,
-        "adam_table",
-    )
+        *_on(DEV, *_layout(ROWS)), table.to(DEV), m.to(DEV), v.to(DEV), act_grad.to(DEV),
+        torch.tensor(alpha, device=DEV), b1, b2, eps, BATCH, 8, 8, "adam_table")
     rows = touched[:, None]
     want_m = torch.where(rows, b1 * m + (1 - b1) * g, m)
     want_v = torch.where(rows, b2 * v + (1 - b2) * g * g, v)
@@ -167,9 +142,8 @@ def test_sparse_gather_backward_and_iota_match_dense_csr():
     dense = torch.zeros(5, 3).index_add_(0, idx[:5].long(), grad[:5])  # padding carries no gradient
     torch.testing.assert_close(o.grad.cpu(), dense)
     base = torch.ones(5, 3)
-    torch.testing.assert_close(
-        ops.sparse_gather_backward(grad[:5].to(DEV), idx[:5].to(DEV), base.to(DEV)).cpu(), base + dense
-    )
+    torch.testing.assert_close(ops.sparse_gather_backward(grad[:5].to(DEV), idx[:5].to(DEV), base.to(DEV)).cpu(),
+                               base + dense)
     iota = ops.sparse_iota(rp.to(DEV), 8, 3)
     assert iota.dtype == torch.int32 and iota.device.type == "tpu"
     assert iota.cpu().tolist() == [0, 1, 0, 1, 2, 0, 0, 0]
@@ -182,16 +156,8 @@ def test_sparse_map_row_raises_naming_why():
 
 def _sdmm(**change):
     rp, e, s, g = _layout(ROWS)
-    args = dict(
-        row_pointers=rp,
-        embedding_ids=e,
-        sample_ids=s,
-        gains=g,
-        embedding_table=torch.zeros(V, D),
-        device_batch_size=BATCH,
-        max_ids_per_partition=8,
-        max_unique_ids_per_partition=8,
-    )
+    args = dict(row_pointers=rp, embedding_ids=e, sample_ids=s, gains=g, embedding_table=torch.zeros(V, D),
+                device_batch_size=BATCH, max_ids_per_partition=8, max_unique_ids_per_partition=8)
     args.update(change)
     args = {k: (t.to(DEV) if isinstance(t, torch.Tensor) else t) for k, t in args.items()}
     return lambda: ops.sparse_dense_matmul(**args)
@@ -216,77 +182,29 @@ BAD = [
     (_sdmm(max_ids_per_partition=4), ValueError, "row 0 of row_pointers holds 5 ids, more than max_ids_per_partition"),
     (_sdmm(max_unique_ids_per_partition=3), ValueError, "4 distinct ids, more than max_unique_ids_per_partition"),
     (_sdmm(device_batch_size=0), ValueError, "device_batch_size must be a positive int"),
-    (
-        lambda: ops.sparse_dense_matmul_grad_with_sgd(
-            *_on(DEV, _RP, _E, _S, _G),
-            torch.zeros(V, D, device=DEV),
-            torch.zeros(BATCH + 1, D, device=DEV),
-            torch.tensor(0.1, device=DEV),
-            BATCH,
-            8,
-            8,
-            "sgd",
-        ),
-        ValueError,
-        r"activations_grad must be \[device_batch_size, dim\]",
-    ),
-    (
-        lambda: ops.sparse_dense_matmul_grad_with_adagrad(
-            *_on(DEV, _RP, _E, _S, _G),
-            torch.zeros(V, D, device=DEV),
-            torch.zeros(V, D + 1, device=DEV),
-            torch.zeros(BATCH, D, device=DEV),
-            torch.tensor(0.1, device=DEV),
-            1e-6,
-            BATCH,
-            8,
-            8,
-            "ada",
-        ),
-        ValueError,
-        "accumulator must have embedding_table's shape",
-    ),
-    (
-        lambda: ops.sparse_dense_matmul_activation_unstack(torch.zeros(6, 4, device=DEV), [3, 4], [4, 4]),
-        ValueError,
-        "per_feature_batch_sizes sum to 7, more than the 6 rows",
-    ),
-    (
-        lambda: ops.sparse_dense_matmul_activation_unstack(torch.zeros(6, 4, device=DEV), [3], [4, 4]),
-        ValueError,
-        "per_feature_batch_sizes has 1 entries, per_feature_dims 2",
-    ),
-    (
-        lambda: ops.sparse_dense_matmul_gradient_stack([torch.zeros(3, 5, device=DEV)], 4, 4),
-        ValueError,
-        r"unstacked_gradients\[0\] has 5 columns, more than stacked_feature_dim = 4",
-    ),
-    (
-        lambda: ops.sparse_gather(
-            torch.tensor([0, 2], device=DEV), torch.tensor([0, 7], device=DEV), torch.zeros(5, 2, device=DEV), 4
-        ),
-        ValueError,
-        r"indices\[1\] = 7 is out of range",
-    ),
-    (
-        lambda: ops.sparse_gather(
-            torch.tensor([0, 3], device=DEV), torch.tensor([0, 1, 2], device=DEV), torch.zeros(5, 2, device=DEV), 2
-        ),
-        ValueError,
-        "more than max_non_zeroes_per_row = 2",
-    ),
-    (
-        lambda: ops.sparse_gather_backward(
-            torch.zeros(2, 3, device=DEV), torch.tensor([0, 1], device=DEV), torch.zeros(4, 2, device=DEV)
-        ),
-        ValueError,
-        "grad_output must be",
-    ),
-    (
-        lambda: ops.sparse_iota(torch.tensor([0, 3, 9], device=DEV), 8, 8),
-        ValueError,
-        r"row_pointers must lie in \[0, 8\]",
-    ),
+    (lambda: ops.sparse_dense_matmul_grad_with_sgd(*_on(DEV, _RP, _E, _S, _G), torch.zeros(V, D, device=DEV),
+                                                   torch.zeros(BATCH + 1, D, device=DEV),
+                                                   torch.tensor(0.1, device=DEV), BATCH, 8, 8, "sgd"),
+     ValueError, r"activations_grad must be \[device_batch_size, dim\]"),
+    (lambda: ops.sparse_dense_matmul_grad_with_adagrad(*_on(DEV, _RP, _E, _S, _G), torch.zeros(V, D, device=DEV),
+                                                       torch.zeros(V, D + 1, device=DEV),
+                                                       torch.zeros(BATCH, D, device=DEV),
+                                                       torch.tensor(0.1, device=DEV), 1e-6, BATCH, 8, 8, "ada"),
+     ValueError, "accumulator must have embedding_table's shape"),
+    (lambda: ops.sparse_dense_matmul_activation_unstack(torch.zeros(6, 4, device=DEV), [3, 4], [4, 4]), ValueError,
+     "per_feature_batch_sizes sum to 7, more than the 6 rows"),
+    (lambda: ops.sparse_dense_matmul_activation_unstack(torch.zeros(6, 4, device=DEV), [3], [4, 4]), ValueError,
+     "per_feature_batch_sizes has 1 entries, per_feature_dims 2"),
+    (lambda: ops.sparse_dense_matmul_gradient_stack([torch.zeros(3, 5, device=DEV)], 4, 4), ValueError,
+     r"unstacked_gradients\[0\] has 5 columns, more than stacked_feature_dim = 4"),
+    (lambda: ops.sparse_gather(torch.tensor([0, 2], device=DEV), torch.tensor([0, 7], device=DEV),
+                               torch.zeros(5, 2, device=DEV), 4), ValueError, r"indices\[1\] = 7 is out of range"),
+    (lambda: ops.sparse_gather(torch.tensor([0, 3], device=DEV), torch.tensor([0, 1, 2], device=DEV),
+                               torch.zeros(5, 2, device=DEV), 2), ValueError, "more than max_non_zeroes_per_row = 2"),
+    (lambda: ops.sparse_gather_backward(torch.zeros(2, 3, device=DEV), torch.tensor([0, 1], device=DEV),
+                                        torch.zeros(4, 2, device=DEV)), ValueError, "grad_output must be"),
+    (lambda: ops.sparse_iota(torch.tensor([0, 3, 9], device=DEV), 8, 8), ValueError,
+     r"row_pointers must lie in \[0, 8\]"),
 ]
 
 

@@ -21,9 +21,8 @@ def grads_of(model, step):
     return {k: p.grad.clone() for k, p in model.named_parameters()}
 
 
-def run_against(
-    ref_cls, ref_kw, ours, *, bias=True, steps=5, atol=1e-6, rtol=1e-6, state_map=None, round_ref_state=None
-):
+def run_against(ref_cls, ref_kw, ours, *, bias=True, steps=5, atol=1e-6, rtol=1e-6, state_map=None,
+                round_ref_state=None):
     """ours on tpu and ref_cls on the CPU see the same gradients for `steps` steps; compared after each."""
     ref = small_model(bias)
     ref_opt = ref_cls(ref.parameters(), **ref_kw)
@@ -43,13 +42,8 @@ def run_against(
         for k, p in ref.named_parameters():
             torch.testing.assert_close(params[k].cpu(), p.detach(), atol=atol, rtol=rtol, msg=f"step {step} {k}")
             for mine, theirs in (state_map or {}).items():
-                torch.testing.assert_close(
-                    state["slots"][k][mine].float().cpu(),
-                    ref_opt.state[p][theirs],
-                    atol=atol,
-                    rtol=rtol,
-                    msg=f"step {step} {k} {mine}",
-                )
+                torch.testing.assert_close(state["slots"][k][mine].float().cpu(), ref_opt.state[p][theirs],
+                                           atol=atol, rtol=rtol, msg=f"step {step} {k} {mine}")
     run_against.grads = state_history  # the gradients fed, for a second run on the CPU
     return params, state
 
@@ -57,25 +51,21 @@ def run_against(
 ADAM_STATE = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        {"lr": 0.01},
-        {"lr": 0.01, "weight_decay": 0.0},
-        {"lr": 0.02, "weight_decay": 0.3, "eps": 1e-6},
-        {"lr": 0.01, "amsgrad": True},
-        {"lr": 0.01, "maximize": True},
-        {"lr": 0.01, "betas": (0.8, 0.99), "amsgrad": True, "maximize": True},
-    ],
-)
+@pytest.mark.parametrize("kw", [
+    {"lr": 0.01},
+    {"lr": 0.01, "weight_decay": 0.0},
+    {"lr": 0.02, "weight_decay": 0.3, "eps": 1e-6},
+    {"lr": 0.01, "amsgrad": True},
+    {"lr": 0.01, "maximize": True},
+    {"lr": 0.01, "betas": (0.8, 0.99), "amsgrad": True, "maximize": True},
+])
 def test_adamw_float32_moments_matches_torch_optim(kw):
     ours_kw = dict(kw)
     if "betas" in ours_kw:
         ours_kw["beta1"], ours_kw["beta2"] = ours_kw.pop("betas")
     state_map = dict(ADAM_STATE, **({"max_exp_avg_sq": "max_exp_avg_sq"} if kw.get("amsgrad") else {}))
-    params, state = run_against(
-        torch.optim.AdamW, kw, O.AdamW(use_bfloat16_moments=False, **ours_kw), state_map=state_map
-    )
+    params, state = run_against(torch.optim.AdamW, kw, O.AdamW(use_bfloat16_moments=False, **ours_kw),
+                                state_map=state_map)
     assert state["slots"]["0.weight"]["exp_avg"].dtype == torch.float32
     assert state["step"].device.type == "tpu"
 
@@ -86,13 +76,8 @@ def test_adamw_bfloat16_moments():
     params, state = run_against(torch.optim.AdamW, {"lr": 0.01, "weight_decay": 0.1}, ours, atol=2e-3, rtol=1e-2)
     assert {v.dtype for s in state["slots"].values() for v in s.values()} == {torch.bfloat16}
     # ...and tight against torch.optim.AdamW whose moments are rounded to bfloat16 after each step.
-    params, state = run_against(
-        torch.optim.AdamW,
-        {"lr": 0.01, "weight_decay": 0.1},
-        ours,
-        state_map=ADAM_STATE,
-        round_ref_state=("exp_avg", "exp_avg_sq"),
-    )
+    params, state = run_against(torch.optim.AdamW, {"lr": 0.01, "weight_decay": 0.1}, ours, state_map=ADAM_STATE,
+                                round_ref_state=("exp_avg", "exp_avg_sq"))
     # Exact: the same functional update on the CPU, fed the same gradients.
     ref = small_model()
     cpu = {k: p.detach().clone() for k, p in ref.named_parameters()}
@@ -106,69 +91,46 @@ def test_adamw_bfloat16_moments():
 
 
 def test_adamw_capturable_false_keeps_the_step_on_cpu():
-    _, state = run_against(
-        torch.optim.AdamW,
-        {"lr": 0.01},
-        O.AdamW(lr=0.01, use_bfloat16_moments=False, capturable=False),
-        state_map=ADAM_STATE,
-    )
+    _, state = run_against(torch.optim.AdamW, {"lr": 0.01}, O.AdamW(lr=0.01, use_bfloat16_moments=False,
+                                                                   capturable=False), state_map=ADAM_STATE)
     assert state["step"].device.type == "cpu"
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        {"lr": 0.1},
-        {"lr": 0.1, "momentum": 0.9},
-        {"lr": 0.1, "momentum": 0.9, "dampening": 0.5},
-        {"lr": 0.1, "momentum": 0.9, "nesterov": True},
-        {"lr": 0.05, "momentum": 0.8, "weight_decay": 0.2, "maximize": True},
-        {"lr": 0.05, "weight_decay": 0.2, "nesterov": True, "momentum": 0.5, "maximize": True},
-    ],
-)
+@pytest.mark.parametrize("kw", [
+    {"lr": 0.1},
+    {"lr": 0.1, "momentum": 0.9},
+    {"lr": 0.1, "momentum": 0.9, "dampening": 0.5},
+    {"lr": 0.1, "momentum": 0.9, "nesterov": True},
+    {"lr": 0.05, "momentum": 0.8, "weight_decay": 0.2, "maximize": True},
+    {"lr": 0.05, "weight_decay": 0.2, "nesterov": True, "momentum": 0.5, "maximize": True},
+])
 def test_sgd_matches_torch_optim(kw):
     state_map = {"momentum_buffer": "momentum_buffer"} if kw.get("momentum") else {}
     run_against(torch.optim.SGD, kw, O.Sgd(**kw), atol=0, rtol=0, state_map=state_map)
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [
-        {"lr": 0.02},
-        {"lr": 0.02, "nesterov": False, "weight_decay": 0.0},
-        {"lr": 0.02, "momentum": 0.9, "adjust_lr_fn": "match_rms_adamw"},
-        {"lr": 0.02, "ns_steps": 3, "ns_coefficients": (3.0, -3.0, 1.5), "adjust_lr_fn": "original"},
-    ],
-)
+@pytest.mark.parametrize("kw", [
+    {"lr": 0.02},
+    {"lr": 0.02, "nesterov": False, "weight_decay": 0.0},
+    {"lr": 0.02, "momentum": 0.9, "adjust_lr_fn": "match_rms_adamw"},
+    {"lr": 0.02, "ns_steps": 3, "ns_coefficients": (3.0, -3.0, 1.5), "adjust_lr_fn": "original"},
+])
 def test_muon_matches_torch_optim(kw):
     run_against(torch.optim.Muon, kw, O.Muon(**kw), bias=False, state_map={"momentum_buffer": "momentum_buffer"})
 
 
 def test_muon_defaults_are_torch_optims():
     from torch.optim import _muon
-
     assert (O.DEFAULT_A, O.DEFAULT_B, O.DEFAULT_C, O.EPS, O.DEFAULT_NS_STEPS) == (
-        _muon.DEFAULT_A,
-        _muon.DEFAULT_B,
-        _muon.DEFAULT_C,
-        _muon.EPS,
-        _muon.DEFAULT_NS_STEPS,
-    )
+        _muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C, _muon.EPS, _muon.DEFAULT_NS_STEPS)
     m = O.Muon()
     assert m.ns_coefficients == (_muon.DEFAULT_A, _muon.DEFAULT_B, _muon.DEFAULT_C) and m.ns_steps == 5
 
 
 def test_muon_bfloat16_momentum():
-    _, state = run_against(
-        torch.optim.Muon,
-        {"lr": 0.02},
-        O.Muon(lr=0.02, use_bfloat16_moments=True),
-        bias=False,
-        state_map={"momentum_buffer": "momentum_buffer"},
-        round_ref_state=("momentum_buffer",),
-        atol=1e-5,
-        rtol=1e-5,
-    )
+    _, state = run_against(torch.optim.Muon, {"lr": 0.02}, O.Muon(lr=0.02, use_bfloat16_moments=True), bias=False,
+                           state_map={"momentum_buffer": "momentum_buffer"}, round_ref_state=("momentum_buffer",),
+                           atol=1e-5, rtol=1e-5)
     assert state["slots"]["0.weight"]["momentum_buffer"].dtype == torch.bfloat16
 
 
@@ -202,29 +164,26 @@ def test_grad_scale_and_found_inf():
         torch.testing.assert_close(got[k].cpu(), params[k].cpu(), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize(
-    "make, exc, words",
-    [
-        (lambda: O.AdamW(lr=-0.1), ValueError, "lr"),
-        (lambda: O.Sgd(lr=-1.0), ValueError, "lr"),
-        (lambda: O.Muon(lr=-1e-3), ValueError, "lr"),
-        (lambda: O.Optimizer(lr="fast"), TypeError, "lr"),
-        (lambda: O.AdamW(beta1=1.0), ValueError, "beta1"),
-        (lambda: O.AdamW(beta2=-0.1), ValueError, "beta2"),
-        (lambda: O.AdamW(eps=-1e-8), ValueError, "eps"),
-        (lambda: O.AdamW(weight_decay=-0.01), ValueError, "weight_decay"),
-        (lambda: O.AdamW(amsgrad=1), TypeError, "amsgrad"),
-        (lambda: O.AdamW(grad_scale=2.0), TypeError, "grad_scale"),
-        (lambda: O.Sgd(momentum=-0.9), ValueError, "momentum"),
-        (lambda: O.Sgd(nesterov=True), ValueError, "nesterov"),
-        (lambda: O.Sgd(momentum=0.9, dampening=0.1, nesterov=True), ValueError, "nesterov"),
-        (lambda: O.Sgd(has_sparse_grad=True), NotImplementedError, "has_sparse_grad"),
-        (lambda: O.Muon(ns_steps=100), ValueError, "ns_steps"),
-        (lambda: O.Muon(ns_coefficients=(1.0, 2.0)), ValueError, "ns_coefficients"),
-        (lambda: O.Muon(adjust_lr_fn="sqrt"), ValueError, "adjust_lr_fn"),
-        (lambda: O.Muon(has_complex=True), ValueError, "has_complex"),
-    ],
-)
+@pytest.mark.parametrize("make, exc, words", [
+    (lambda: O.AdamW(lr=-0.1), ValueError, "lr"),
+    (lambda: O.Sgd(lr=-1.0), ValueError, "lr"),
+    (lambda: O.Muon(lr=-1e-3), ValueError, "lr"),
+    (lambda: O.Optimizer(lr="fast"), TypeError, "lr"),
+    (lambda: O.AdamW(beta1=1.0), ValueError, "beta1"),
+    (lambda: O.AdamW(beta2=-0.1), ValueError, "beta2"),
+    (lambda: O.AdamW(eps=-1e-8), ValueError, "eps"),
+    (lambda: O.AdamW(weight_decay=-0.01), ValueError, "weight_decay"),
+    (lambda: O.AdamW(amsgrad=1), TypeError, "amsgrad"),
+    (lambda: O.AdamW(grad_scale=2.0), TypeError, "grad_scale"),
+    (lambda: O.Sgd(momentum=-0.9), ValueError, "momentum"),
+    (lambda: O.Sgd(nesterov=True), ValueError, "nesterov"),
+    (lambda: O.Sgd(momentum=0.9, dampening=0.1, nesterov=True), ValueError, "nesterov"),
+    (lambda: O.Sgd(has_sparse_grad=True), NotImplementedError, "has_sparse_grad"),
+    (lambda: O.Muon(ns_steps=100), ValueError, "ns_steps"),
+    (lambda: O.Muon(ns_coefficients=(1.0, 2.0)), ValueError, "ns_coefficients"),
+    (lambda: O.Muon(adjust_lr_fn="sqrt"), ValueError, "adjust_lr_fn"),
+    (lambda: O.Muon(has_complex=True), ValueError, "has_complex"),
+])
 def test_bad_hyperparameters_raise_naming_the_argument(make, exc, words):
     with pytest.raises(exc, match=words):
         make()
@@ -284,11 +243,9 @@ def test_state_of_another_optimizer_or_params_is_refused_before_anything_changes
     g = {"w": torch.randn(3, 4, device="tpu")}
     before = p["w"].clone()
     # slots of another optimizer / configuration: was a bare KeyError('momentum_buffer') from the update
-    for opt, state, missing in [
-        (O.Sgd(momentum=0.9), O.AdamW().init(p), "momentum_buffer"),
-        (O.AdamW(amsgrad=True), O.AdamW().init(p), "max_exp_avg_sq"),
-        (O.AdamW(), O.Sgd().init(p), "exp_avg"),
-    ]:
+    for opt, state, missing in [(O.Sgd(momentum=0.9), O.AdamW().init(p), "momentum_buffer"),
+                                (O.AdamW(amsgrad=True), O.AdamW().init(p), "max_exp_avg_sq"),
+                                (O.AdamW(), O.Sgd().init(p), "exp_avg")]:
         match = rf"state\['slots'\]\['w'\] has slots .*{type(opt).__name__} keeps .*{missing}"
         with pytest.raises(ValueError, match=match):
             opt.update(p, g, state)
