@@ -505,6 +505,12 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
   if (info.meta_check == OpInfo::MetaCheck::kNone) return false;
   const size_t n = schema.arguments().size();
   auto arg = [&](size_t i) -> const IValue& { return stack[stack.size() - n + i]; };
+  // Whether one of the tensor arguments at `positions` is defined and not of `dtype`.
+  auto other_dtype = [&](std::initializer_list<size_t> positions, at::ScalarType dtype) {
+    return std::any_of(positions.begin(), positions.end(), [&](size_t i) {
+      return arg(i).isTensor() && arg(i).toTensor().defined() && arg(i).toTensor().scalar_type() != dtype;
+    });
+  };
   if (info.meta_check == OpInfo::MetaCheck::kFactoryOut) {
     const IValue& out = arg(n - 1);
     if (!out.isTensor()) return false;
@@ -514,19 +520,11 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
   if (info.meta_check == OpInfo::MetaCheck::kLayerNormDtype) {  // input, normalized_shape, weight, bias, eps
     if (dry_run()) return false;                                // no CPU results to take shapes from
     const at::ScalarType dtype = arg(0).toTensor().scalar_type();
-    if (dtype != at::kFloat && dtype != at::kDouble) return true;
-    for (size_t i : {2, 3}) {
-      if (arg(i).isTensor() && arg(i).toTensor().defined() && arg(i).toTensor().scalar_type() != dtype) return true;
-    }
-    return false;
+    return (dtype != at::kFloat && dtype != at::kDouble) || other_dtype({2, 3}, dtype);
   }
   if (info.meta_check == OpInfo::MetaCheck::kGroupNormDtype) {  // input, weight, bias, N, C, HxW, ...
     if (dry_run() || !arg(0).isTensor()) return false;
-    const at::ScalarType dtype = arg(0).toTensor().scalar_type();
-    for (size_t i : {1, 2}) {
-      if (arg(i).isTensor() && arg(i).toTensor().defined() && arg(i).toTensor().scalar_type() != dtype) return true;
-    }
-    return false;
+    return other_dtype({1, 2}, arg(0).toTensor().scalar_type());
   }
   if (info.meta_check == OpInfo::MetaCheck::kBatchNormBackwardMask) {  // ..., output_mask
     if (dry_run()) return false;  // nothing reads the values of a dry run's grad_input
@@ -541,10 +539,7 @@ bool meta_disagrees_here(const OpInfo& info, const c10::FunctionSchema& schema, 
     if (!arg(5).isBool() || !arg(5).toBool() || !arg(0).isTensor()) return true;
     const at::Tensor& x = arg(0).toTensor();
     if (x.scalar_type() != at::kFloat || x.dim() < 2 || x.size(1) == 0 || x.numel() / x.size(1) < 2) return true;
-    for (size_t i = 1; i <= 4; ++i) {
-      if (arg(i).isTensor() && arg(i).toTensor().defined() && arg(i).toTensor().scalar_type() != at::kFloat)
-        return true;
-    }
+    if (other_dtype({1, 2, 3, 4}, at::kFloat)) return true;
     // Result strides: both take the input's layout, but not alike for other strides or for
     // channels-last with size-1 dims.
     if (x.strides() == c10::IntArrayRef(c10::contiguous_strides(x.sizes()))) return false;
