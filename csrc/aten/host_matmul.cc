@@ -7,7 +7,13 @@
 #include <ATen/ops/mm.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <string>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 #include "aten/matmul_precision.h"
 #include "vtpu/env.h"
@@ -21,18 +27,58 @@ TORCH_API void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2, con
 
 namespace torch_tpu {
 
-// On AMD CPUs MKL's sgemm runs its AVX2 code (1.4-2.6x slower than oneDNN's AVX-512 kernels on
-// Zen 5); on Intel CPUs MKL uses AVX-512 itself. ATen's oneDNN float32 matmul needs AVX-512
-// BW/VL/DQ (mkldnn_bf16_device_check).
-bool onednn_gemm_on_this_host() {
+namespace {
+
+// MKL's sgemm runs its AVX2 code on AMD CPUs. Zen 5 (family 0x1A) executes AVX-512 on full-width
+// units, so oneDNN's AVX-512 kernels are 1.4-2.6x faster there; Zen 4 (family 0x19) splits each
+// AVX-512 instruction into two 256-bit halves, so AVX2 loses nothing, and the K chunks below
+// make oneDNN 5-14 % slower than MKL from 2048^2 (bench/README.md, "nineteenth session"). ATen's
+// oneDNN float32 matmul needs AVX-512 BW/VL/DQ (mkldnn_bf16_device_check).
+bool amd_with_avx512() {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const bool prefers = __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f") &&
-                              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                              __builtin_cpu_supports("avx512dq") && vtpu::env_flag("TORCH_TPU_ONEDNN_GEMM", true);
-  return prefers;
+  return __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 #else
   return false;
 #endif
+}
+
+// The CPU's family as CPUID leaf 1 reports it (base family, plus the extended family when the base
+// is 0xF), or 0 where there is no CPUID.
+unsigned cpu_family() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
+  const unsigned base = (eax >> 8) & 0xF;
+  return base == 0xF ? base + ((eax >> 20) & 0xFF) : base;
+#else
+  return 0;
+#endif
+}
+
+// TORCH_TPU_ONEDNN_GEMM: unset, empty or "auto": AMD with full-width AVX-512 (Zen 5 and later);
+// "0": never; anything else: any AMD CPU with AVX-512.
+bool route_from_environment() {
+  if (!amd_with_avx512()) return false;
+  const char* value = vtpu::env("TORCH_TPU_ONEDNN_GEMM");
+  const std::string setting = value ? vtpu::trim(value) : "auto";
+  if (setting == "auto") return cpu_family() >= 0x1A;
+  return setting != "0";
+}
+
+std::atomic<bool>& routed() {
+  static std::atomic<bool> on{route_from_environment()};
+  return on;
+}
+
+}  // namespace
+
+bool onednn_gemm_on_this_host() { return routed().load(std::memory_order_relaxed); }
+
+bool set_onednn_gemm(bool on) {
+  TORCH_CHECK(!on || amd_with_avx512(),
+              "torch_tpu: float32 products on oneDNN need an AMD CPU with AVX-512 (F, BW, VL, DQ); this host has none");
+  return routed().exchange(on);
 }
 
 namespace {

@@ -22,15 +22,21 @@ namespace torch_tpu {
 // `out` must have shape [M, N] and not overlap a or b (the out= rules).
 bool mm_few_rows_by_transposed(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out);
 
-// Whether this host sends large float32 products to oneDNN: an AMD CPU with AVX-512 (F, BW, VL,
-// DQ) and TORCH_TPU_ONEDNN_GEMM not 0, read once.
+// Whether large float32 products go to oneDNN. At start-up, from TORCH_TPU_ONEDNN_GEMM: unset or
+// "auto", on an AMD CPU with full-width AVX-512 (F, BW, VL, DQ; Zen 5 and later); "0", never; any
+// other value, on any AMD CPU with AVX-512 (Zen 4 too).
 bool onednn_gemm_on_this_host();
+
+// Turns the oneDNN route on or off for the process (tests, A/B runs); returns the previous setting.
+// Raises c10::Error when asked to turn it on where the CPU is not an AMD CPU with AVX-512.
+bool set_onednn_gemm(bool on);
 
 // out = a @ b through oneDNN's matmul (ATen's own at::native::mkldnn_matmul,
 // which CPU eager uses for bf16), for float32 products where ATen's kernel
-// (MKL's sgemm) is slow: on AMD CPUs with AVX-512 MKL takes a code path without
-// it and runs 1.4-2.6x slower than oneDNN ([1024, 1024]^2: 11.7 ms against
-// 6.4 ms on 2 Zen 5 cores, bench/README.md "oneDNN"). K is summed in chunks of
+// (MKL's sgemm) is slow: on AMD CPUs MKL takes a code path without AVX-512,
+// which on full-width AVX-512 units (Zen 5) runs 1.4-2.6x slower than oneDNN
+// ([1024, 1024]^2: 11.7 ms against 6.4 ms on 2 Zen 5 cores, bench/README.md
+// "oneDNN"). K is summed in chunks of
 // 128 (as accurate as MKL's blocked sums, tests/python/ops/test_onednn_gemm.py).
 // a [M, K], b [K, N], out [M, N] contiguous: all float32, M and N at least 64,
 // M * N * K at least 2^26 (below, the two libraries trade places); out must not

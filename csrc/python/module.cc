@@ -237,6 +237,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fast_kept_calls", [] { return fast_kept_calls(); });
   m.def("_widening_half_products", [] { return widening_half_products(); });
   m.def("_onednn_gemm", [] { return onednn_gemm_on_this_host(); });
+  m.def("_set_onednn_gemm", [](bool on) { return translate_errors([&] { return set_onednn_gemm(on); }); });
   m.def(
       "_wait_all_chips_idle", [] { wait_all_chips_idle(); }, py::call_guard<py::gil_scoped_release>());
   // Through torch's warning buffer: the warnings of queued work it delivers reach Python's warnings.

@@ -1,10 +1,11 @@
 """Large float32 products on oneDNN where MKL is slow (csrc/aten/host_matmul.h, docs/env.md
-TORCH_TPU_ONEDNN_GEMM): on an AMD CPU with AVX-512 the worker computes 2-D mm and addmm of at
-least 2^26 multiply-adds (64 rows and columns or more) with oneDNN's matmul, K in chunks of 128;
-elsewhere, below the bounds, or with TORCH_TPU_ONEDNN_GEMM=0, ATen's kernel (CPU eager's bits).
-Either way the values are float32 products summed in some order: CPU eager's to rounding, and as
-close to float64's as CPU's (oneDNN over all of K at once would sum K terms in a row, 1.6-2.1x
-MKL's error)."""
+TORCH_TPU_ONEDNN_GEMM): on an AMD CPU with full-width AVX-512 (Zen 5 and later) the worker computes
+2-D mm and addmm of at least 2^26 multiply-adds (64 rows and columns or more) with oneDNN's matmul,
+K in chunks of 128; elsewhere (Zen 4 unless TORCH_TPU_ONEDNN_GEMM=1), below the bounds, or with
+TORCH_TPU_ONEDNN_GEMM=0, ATen's kernel (CPU eager's bits). Either way the values are float32
+products summed in some order: CPU eager's to rounding, and as close to float64's as CPU's (oneDNN
+over all of K at once would sum K terms in a row, 1.6-2.1x MKL's error). Where the CPU can run the
+route at all (an AMD CPU with AVX-512), the value tests turn it on (torch_tpu._C._set_onednn_gemm)."""
 
 import json
 import os
@@ -16,7 +17,25 @@ import torch
 
 import torch_tpu
 
-ROUTED = torch_tpu._C._onednn_gemm()
+
+def _cpuinfo() -> str:
+    return open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+
+
+def _amd_avx512() -> bool:
+    info = _cpuinfo()
+    flags = info.split()
+    return "AuthenticAMD" in info and all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
+
+
+def _cpu_family() -> int:
+    for line in _cpuinfo().splitlines():
+        if line.startswith("cpu family"):
+            return int(line.split(":")[1])
+    return 0
+
+
+ROUTED = _amd_avx512()  # the value tests below run with the route on wherever it can run
 
 M, K, N = 512, 520, 384  # 2^26.9 multiply-adds; K not a multiple of the 128-wide chunks
 # (name, the call on a device, arguments built on CPU); each routed on such a host unless "not routed"
@@ -46,10 +65,12 @@ def _run(case: str, device: str):
 
 
 @pytest.fixture(autouse=True)
-def highest():
+def highest_and_routed():
     old = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
+    was_routed = torch_tpu._C._set_onednn_gemm(ROUTED)
     yield
+    torch_tpu._C._set_onednn_gemm(was_routed)
     torch.set_float32_matmul_precision(old)
 
 
@@ -134,13 +155,27 @@ def test_the_switch_off_gives_cpus_bits():
 
 def test_routed_only_on_amd_avx512_and_then_not_cpus_bits():
     on = _bits_in_subprocess("1")
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    avx512 = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
-    amd_avx512 = "AuthenticAMD" in flags and all(f in flags.split() for f in avx512)
-    assert on["routed"] == amd_avx512 == ROUTED
+    assert on["routed"] == ROUTED
     # Routed, oneDNN sums in another order than MKL: this product differs from CPU eager's bits
     # somewhere (so the tests above compared oneDNN's values, not MKL's twice).
-    assert on["equal_cpu"] == (not amd_avx512)
+    assert on["equal_cpu"] == (not ROUTED)
+
+
+def test_by_default_routed_only_on_full_width_avx512():
+    # Zen 4 (family 0x19) runs AVX-512 on 256-bit halves, where MKL's AVX2 code is as fast.
+    full_width = ROUTED and _cpu_family() >= 0x1A
+    assert _bits_in_subprocess("") == {"routed": full_width, "equal_cpu": not full_width}
+    assert _bits_in_subprocess("auto")["routed"] == full_width
+
+
+def test_turning_the_route_on_where_it_cannot_run_raises():
+    if ROUTED:
+        assert torch_tpu._C._set_onednn_gemm(True) is True  # the fixture turned it on
+        assert torch_tpu._C._onednn_gemm()
+    else:
+        with pytest.raises(RuntimeError, match="need an AMD CPU with AVX-512"):
+            torch_tpu._C._set_onednn_gemm(True)
+        assert not torch_tpu._C._onednn_gemm()
 
 
 def test_mkldnn_disabled_gives_cpus_bits():
