@@ -43,6 +43,7 @@
 #include "aten/op_info.h"
 #include "aten/portability.h"
 #include "aten/random_ops.h"
+#include "aten/scalar_class.h"
 #include "defer/defer.h"
 #include "runtime/allocator.h"
 #include "runtime/calling_thread.h"
@@ -215,15 +216,7 @@ class SignatureKey {
     const uint64_t above = m - (uint64_t{1} << (w - 1)), below = (uint64_t{1} << w) - m;
     add(1100 + std::min<uint64_t>(above, 3) * 4 + std::min<uint64_t>(below, 3));
   }
-  void real(double d) {
-    int cls = std::isnan(d) ? 1 : std::isinf(d) ? (d > 0 ? 2 : 3) : d == 0 ? 4 : 5;
-    if (cls == 5) {
-      const double a = std::fabs(d);
-      cls = 10 + (d < 0) + 2 * (a == std::floor(a)) + 4 * (a > 65504.0) + 8 * (a > 3.4028234663852886e38) +
-            16 * (a < 1.1754943508222875e-38) + 32 * (a > 9007199254740992.0);
-    }
-    add(2000 + cls);
-  }
+  void real(double d) { add(2000 + double_class(d)); }
   void value(const IValue& v) {
     if (v.isTensor()) {
       tensor(v.toTensor());

@@ -4,9 +4,11 @@
 #include <ATen/record_function.h>
 
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 
 #include "aten/op_info.h"
+#include "aten/scalar_class.h"
 #include "ir/hash.h"
 #include "runtime/device.h"
 #include "runtime/host_alias.h"
@@ -82,6 +84,7 @@ struct MetaEntry {
 };
 thread_local std::unordered_map<MetaKey, MetaEntry, MetaKeyHash> meta_cache;
 thread_local std::vector<std::string> last_warnings;
+thread_local uint64_t meta_kernel_calls = 0;
 thread_local MetaExtras* last_extras = nullptr;
 
 class Buffer : public c10::WarningHandler {
@@ -101,7 +104,12 @@ const MetaResult& given(MetaEntry& e, bool cached) {
 
 class KeyWriter {
  public:
-  explicit KeyWriter(std::vector<int64_t>& w) : w_(w) {}
+  // doubles_by_class: a pointwise op's outputs take their shapes from the tensors and their
+  // dtypes from the scalars' types, never from a double's value; its checks look at a value's
+  // sign or range (softshrink's lambda) or at two values' order (hardtanh's min and max). So
+  // those doubles are keyed by double_class and by their order, and an optimizer's step sizes,
+  // new every step, do not run the (Python, ~100 us) meta kernel every call.
+  KeyWriter(std::vector<int64_t>& w, bool doubles_by_class) : w_(w), doubles_by_class_(doubles_by_class) {}
   void tensor(const at::Tensor& t) {
     if (!t.defined()) return w_.push_back(0);
     const bool device = t.device().type() == kTPU;
@@ -131,10 +139,16 @@ class KeyWriter {
     } else if (v.isInt()) {
       w_.insert(w_.end(), {11, v.toInt()});
     } else if (v.isDouble()) {
-      double d = v.toDouble();
-      int64_t bits;
-      std::memcpy(&bits, &d, sizeof bits);
-      w_.insert(w_.end(), {12, bits});
+      const double d = v.toDouble();
+      if (doubles_by_class_) {
+        const int64_t order = !previous_double_ ? 0 : *previous_double_ < d ? 1 : *previous_double_ > d ? 2 : 3;
+        w_.insert(w_.end(), {12, static_cast<int64_t>(double_class(d)), order});
+        previous_double_ = d;
+      } else {
+        int64_t bits;
+        std::memcpy(&bits, &d, sizeof bits);
+        w_.insert(w_.end(), {12, bits});
+      }
     } else if (v.isBool()) {
       w_.insert(w_.end(), {13, v.toBool()});
     } else if (v.isIntList()) {
@@ -180,6 +194,8 @@ class KeyWriter {
 
  private:
   std::vector<int64_t>& w_;
+  const bool doubles_by_class_;
+  std::optional<double> previous_double_;
   std::vector<const void*> storages_;
 };
 
@@ -200,7 +216,7 @@ const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValu
   key.words.clear();
   // Factories without a dtype argument follow the default dtype.
   key.words.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
-  KeyWriter writer(key.words);
+  KeyWriter writer(key.words, op.hasTag(at::Tag::pointwise));
   bool cacheable = true;
   for (const IValue& v : args) cacheable = cacheable && writer.value(v);
   if (cacheable) {
@@ -216,6 +232,7 @@ const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValu
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     // Shape bookkeeping, not the user's op: keep it out of torch.profiler.
     at::DisableRecordFunctionGuard not_profiled;
+    ++meta_kernel_calls;
     op.callBoxed(&meta);
   }
   MetaResult result(meta.size());
@@ -238,6 +255,8 @@ const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValu
 }
 
 const std::vector<std::string>& last_meta_warnings() { return last_warnings; }
+
+uint64_t meta_kernel_calls_on_this_thread() { return meta_kernel_calls; }
 
 MetaExtras* last_meta_extras() { return last_extras; }
 

@@ -55,4 +55,7 @@ MetaExtras* last_meta_extras();
 // the CPU kernel repeating them is not warned twice.
 const std::vector<std::string>& last_meta_warnings();
 
+// How many times meta_result() ran a meta kernel on this thread (cache misses; tests).
+uint64_t meta_kernel_calls_on_this_thread();
+
 }  // namespace torch_tpu

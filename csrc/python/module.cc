@@ -13,6 +13,7 @@
 #include "aten/fallback_internal.h"
 #include "aten/host_matmul.h"
 #include "aten/matmul_precision.h"
+#include "aten/meta_cache.h"
 #include "aten/portability.h"
 #include "runtime/allocator.h"
 #include "runtime/device.h"
@@ -237,6 +238,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fast_kept_calls", [] { return fast_kept_calls(); });
   m.def("_widening_half_products", [] { return widening_half_products(); });
   m.def("_onednn_gemm", [] { return onednn_gemm_on_this_host(); });
+  m.def("_meta_kernel_calls", [] { return meta_kernel_calls_on_this_thread(); });
   m.def("_set_onednn_gemm", [](bool on) { return translate_errors([&] { return set_onednn_gemm(on); }); });
   m.def(
       "_wait_all_chips_idle", [] { wait_all_chips_idle(); }, py::call_guard<py::gil_scoped_release>());
