@@ -208,13 +208,8 @@ class SignatureKey {
   }
   void integer(int64_t v) {
     if (v >= -64 && v < 64) return add(static_cast<uint64_t>(v + 100));  // dims, dtypes, enums: exact
-    const uint64_t m = v < 0 ? ~static_cast<uint64_t>(v) : static_cast<uint64_t>(v);
-    const int w = 64 - __builtin_clzll(m);
-    add(1000 + (v < 0) * 100 + w);  // sign and the width it needs
-    // Range checks sit at powers of two, give or take one or two (randperm: n - 1 must fit
-    // the dtype, n <= 2^11 + 1 for half): values that close to one are told apart exactly.
-    const uint64_t above = m - (uint64_t{1} << (w - 1)), below = (uint64_t{1} << w) - m;
-    add(1100 + std::min<uint64_t>(above, 3) * 4 + std::min<uint64_t>(below, 3));
+    add(1000 + (v < 0));
+    add(magnitude_class(v < 0 ? ~static_cast<uint64_t>(v) : static_cast<uint64_t>(v)));  // sign and range
   }
   void real(double d) { add(2000 + double_class(d)); }
   void value(const IValue& v) {

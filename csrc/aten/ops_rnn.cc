@@ -16,13 +16,26 @@
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace torch_tpu {
 namespace {
 
 bool defined(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+// CUDA's kernels take float64, float32, float16 and bfloat16, every tensor of one dtype.
+void check_dtypes(const char* op, const std::vector<const at::Tensor*>& tensors) {
+  const at::ScalarType dtype = tensors.front()->scalar_type();
+  TORCH_CHECK(dtype == at::kDouble || dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
+              " not implemented for '", dtype, "'");
+  for (const at::Tensor* t : tensors) {
+    TORCH_CHECK(t->scalar_type() == dtype, op, ": expected every tensor of one dtype, got ", dtype, " and ",
+                t->scalar_type());
+  }
+}
 
 // CUDA's checks (checkSizes in RNN.cu), with the op named: gates [B, gates_per_unit * H], the
 // state [B, H], biases [gates_per_unit * H].
@@ -32,21 +45,40 @@ void check_cell_arguments(const char* op, const at::Tensor& input_gates, const a
   TORCH_CHECK(input_gates.dim() == 2 && input_gates.sizes() == hidden_gates.sizes(), op,
               ": expected input_gates and hidden_gates of the same 2-D shape, got ", input_gates.sizes(), " and ",
               hidden_gates.sizes());
+  TORCH_CHECK(input_gates.size(1) % gates_per_unit == 0, op, ": expected gates whose width is a multiple of ",
+              gates_per_unit, ", got ", input_gates.sizes());
   const int64_t units = input_gates.size(1) / gates_per_unit;
-  TORCH_CHECK(input_gates.size(1) == units * gates_per_unit && state.dim() == 2 &&
-                  state.size(0) == input_gates.size(0) && state.size(1) == units,
-              op, ": expected the state of shape [", input_gates.size(0), ", ", units, "] for gates of shape ",
+  TORCH_CHECK(state.dim() == 2 && state.size(0) == input_gates.size(0) && state.size(1) == units, op,
+              ": expected the state of shape [", input_gates.size(0), ", ", units, "] for gates of shape ",
               input_gates.sizes(), ", got ", state.sizes());
   TORCH_CHECK(defined(input_bias) == defined(hidden_bias), op, ": expected both biases or neither");
+  std::vector<const at::Tensor*> tensors{&input_gates, &hidden_gates, &state};
   for (const std::optional<at::Tensor>* bias : {&input_bias, &hidden_bias}) {
     if (!defined(*bias)) continue;
     TORCH_CHECK((*bias)->dim() == 1 && (*bias)->size(0) == input_gates.size(1), op, ": expected biases of shape [",
                 input_gates.size(1), "], got ", (*bias)->sizes());
+    tensors.push_back(&**bias);
   }
-  TORCH_CHECK(
-      input_gates.scalar_type() == hidden_gates.scalar_type() && input_gates.scalar_type() == state.scalar_type(), op,
-      ": expected input_gates, hidden_gates and the state of one dtype, got ", input_gates.scalar_type(), ", ",
-      hidden_gates.scalar_type(), " and ", state.scalar_type());
+  check_dtypes(op, tensors);
+}
+
+// A backward kernel's inputs: states and gradients of one shape [B, H] (`shaped`, undefined ones
+// skipped) and a workspace of shape [B, parts * H], every tensor of one floating dtype.
+void check_backward_arguments(const char* op, const at::Tensor& workspace, int64_t parts,
+                              std::vector<const at::Tensor*> shaped) {
+  shaped.erase(std::remove_if(shaped.begin(), shaped.end(), [](const at::Tensor* t) { return !t->defined(); }),
+               shaped.end());
+  const at::Tensor& first = *shaped.front();
+  TORCH_CHECK(first.dim() == 2, op, ": expected 2-D states and gradients, got ", first.sizes());
+  for (const at::Tensor* t : shaped) {
+    TORCH_CHECK(t->sizes() == first.sizes(), op, ": expected states and gradients of one shape, got ", first.sizes(),
+                " and ", t->sizes());
+  }
+  TORCH_CHECK(workspace.dim() == 2 && workspace.size(0) == first.size(0) && workspace.size(1) == parts * first.size(1),
+              op, ": expected a workspace of shape [", first.size(0), ", ", parts * first.size(1), "], got ",
+              workspace.sizes());
+  shaped.push_back(&workspace);
+  check_dtypes(op, shaped);
 }
 
 // input_gates + hidden_gates (+ input_bias + hidden_bias), in CUDA's order; a new tensor.
@@ -80,6 +112,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell_backward(const st
                                                                         const at::Tensor& cx, const at::Tensor& cy,
                                                                         const at::Tensor& workspace, bool has_bias) {
   if (!defined(grad_hy) && !defined(grad_cy)) return {};  // as CUDA: nothing flows back
+  const at::Tensor none;
+  check_backward_arguments("_thnn_fused_lstm_cell_backward_impl", workspace, 4,
+                           {&cx, &cy, defined(grad_hy) ? &*grad_hy : &none, defined(grad_cy) ? &*grad_cy : &none});
   auto gates = workspace.chunk(4, 1);
   const at::Tensor &in = gates[0], &forget = gates[1], &cell = gates[2], &out = gates[3];
   const at::Tensor tanh_cy = cy.tanh();
@@ -120,10 +155,7 @@ std::tuple<at::Tensor, at::Tensor> fused_gru_cell(const at::Tensor& input_gates,
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru_cell_backward(
     const at::Tensor& grad_hy, const at::Tensor& workspace, bool has_bias) {
-  TORCH_CHECK(workspace.dim() == 2 && workspace.size(1) % 5 == 0 && grad_hy.dim() == 2 &&
-                  workspace.size(0) == grad_hy.size(0) && workspace.size(1) == 5 * grad_hy.size(1),
-              "_thnn_fused_gru_cell_backward: expected a workspace of shape [B, 5H] for grad_hy [B, H], got ",
-              workspace.sizes(), " and ", grad_hy.sizes());
+  check_backward_arguments("_thnn_fused_gru_cell_backward", workspace, 5, {&grad_hy});
   auto parts = workspace.chunk(5, 1);
   const at::Tensor &reset = parts[0], &update = parts[1], &new_gate = parts[2], &hx = parts[3], &hidden_new = parts[4];
   at::Tensor grad_hx = grad_hy * update;

@@ -233,3 +233,76 @@ def test_layer_under_torch_compile(allow_rnn, monkeypatch):
     for p, q in zip(tpu.parameters(), cpu.parameters()):
         torch.testing.assert_close(p.grad.cpu(), q.grad, **TOL[torch.float32])
     torch._dynamo.reset()
+
+
+# Found by a break-it pass (direct calls of the fused ops): each raises at the call, naming the op.
+A = torch.ops.aten
+
+
+def _t(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device="tpu").to(dtype)
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        # a workspace narrower than 4H crashed the process (chunk gave fewer than 4 gates)
+        (
+            lambda: A._thnn_fused_lstm_cell_backward_impl(_t(3, 1), None, _t(3, 1), _t(3, 1), _t(3, 3), True),
+            "workspace of shape",
+        ),
+        (
+            lambda: A._thnn_fused_lstm_cell_backward_impl(_t(3, 4), _t(3, 4), _t(3, 4), _t(3, 4), _t(1, 3, 16), True),
+            "workspace of shape",
+        ),
+        # broadcastable but wrong shapes were accepted
+        (
+            lambda: A._thnn_fused_lstm_cell_backward_impl(_t(3, 4), _t(3, 4), _t(1, 4), _t(3, 4), _t(3, 16), True),
+            "one shape",
+        ),
+        (
+            lambda: A._thnn_fused_lstm_cell_backward_impl(_t(3, 1), None, _t(3, 4), _t(3, 4), _t(3, 16), True),
+            "one shape",
+        ),
+        (
+            lambda: A._thnn_fused_lstm_cell_backward_impl(
+                _t(3, 4), None, _t(3, 4), _t(3, 4), _t(3, 16, dtype=torch.int32), True
+            ),
+            "one dtype",
+        ),
+        (lambda: A._thnn_fused_gru_cell_backward(_t(3, 1), _t(3, 20), True), "workspace of shape"),
+        (lambda: A._thnn_fused_gru_cell_backward(_t(3, 4, dtype=torch.float64), _t(3, 20), True), "one dtype"),
+        # biases of another dtype: the GRU gave float64 results, the LSTM float32
+        (
+            lambda: A._thnn_fused_gru_cell(
+                _t(3, 12), _t(3, 12), _t(3, 4), _t(12, dtype=torch.float64), _t(12, dtype=torch.float64)
+            ),
+            "one dtype",
+        ),
+        (
+            lambda: A._thnn_fused_lstm_cell(
+                _t(3, 16), _t(3, 16), _t(3, 4), _t(16, dtype=torch.int64), _t(16, dtype=torch.int64)
+            ),
+            "one dtype",
+        ),
+        # integer and complex gates
+        (
+            lambda: A._thnn_fused_lstm_cell(
+                _t(3, 16, dtype=torch.int32), _t(3, 16, dtype=torch.int32), _t(3, 4, dtype=torch.int32)
+            ),
+            "not implemented for 'Int'",
+        ),
+        (
+            lambda: A._thnn_fused_gru_cell(
+                _t(3, 12, dtype=torch.complex64), _t(3, 12, dtype=torch.complex64), _t(3, 4, dtype=torch.complex64)
+            ),
+            "not implemented for 'ComplexFloat'",
+        ),
+        # a gate width that is no multiple of the gate count
+        (lambda: A._thnn_fused_lstm_cell(_t(3, 15), _t(3, 15), _t(3, 3)), "multiple of 4"),
+    ],
+)
+def test_fused_ops_reject_bad_arguments_at_the_call(call, match):
+    with pytest.raises(RuntimeError, match=match):
+        call()
+    torch.tpu.synchronize()

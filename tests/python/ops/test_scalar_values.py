@@ -65,11 +65,11 @@ def test_value_checks_still_raise_at_the_call():
 
 def test_order_of_two_doubles_is_part_of_the_key():
     x = torch.randn(8, device="tpu")
-    torch.ops.aten.hardtanh(x, -3.0, -2.0)
+    torch.ops.aten.hardtanh(x, -3.5, -2.5)
     before = torch_tpu._C._meta_kernel_calls()
-    torch.ops.aten.hardtanh(x, -5.0, -4.0)  # same classes, same order: cached
+    torch.ops.aten.hardtanh(x, -5.5, -4.5)  # same classes, same order: cached
     assert torch_tpu._C._meta_kernel_calls() == before
-    torch.ops.aten.hardtanh(x, -2.0, -3.0)  # same classes, min above max: its meta kernel runs
+    torch.ops.aten.hardtanh(x, -2.5, -3.5)  # same classes, min above max: its meta kernel runs
     assert torch_tpu._C._meta_kernel_calls() == before + 1
 
 
@@ -95,3 +95,36 @@ def test_adamw_matches_cpu_over_steps():
             opt.step()
     for got, want in zip(tpu_params, cpu_params):
         torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "dtype,ok,overflows,call",
+    [
+        (torch.bfloat16, 1e38, 3.395e38, lambda x, v: torch.ops.aten.clamp_min(x, v)),  # past bf16's max only
+        (torch.bfloat16, 1e38, 3.395e38, lambda x, v: torch.add(x, x, alpha=v)),
+        (torch.int8, 100.0, 200.0, lambda x, v: x.masked_fill(x > 1, v)),  # whole, past int8's range
+        (torch.uint8, 2.0, 300.0, lambda x, v: x.masked_fill(x > 1, v)),
+        (torch.int8, -100.0, -129.0, lambda x, v: x.masked_fill(x > 1, v)),
+    ],
+)
+def test_a_value_past_the_dtypes_range_raises_at_the_call(dtype, ok, overflows, call):
+    # Found by a break-it pass: bf16's maximum and the integer ranges were no class boundaries, so
+    # the overflowing value was queued under the valid one's validated signature and raised at
+    # the next synchronize.
+    x = torch.arange(6).to(dtype)
+    for device in ("cpu", "tpu"):
+        xd = x.to(device)
+        call(xd, ok)
+        with pytest.raises(RuntimeError, match="without overflow"):
+            call(xd, overflows)
+    torch.tpu.synchronize()  # nothing sticky left behind
+
+
+def test_int8_range_edges_are_told_apart():
+    x = torch.arange(6, dtype=torch.int8, device="tpu")
+    for v in (127.0, -128.0, 100.0, -100.0):
+        torch.testing.assert_close(x.masked_fill(x > 1, v).cpu(), x.cpu().masked_fill(x.cpu() > 1, v))
+    for v in (128.0, -129.0):
+        with pytest.raises(RuntimeError, match="without overflow"):
+            x.masked_fill(x > 1, v)
+    torch.tpu.synchronize()
