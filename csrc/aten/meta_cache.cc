@@ -106,7 +106,7 @@ class KeyWriter {
  public:
   // doubles_by_class: a pointwise op's outputs take their shapes from the tensors and their
   // dtypes from the scalars' types, never from a double's value; its checks look at a value's
-  // sign or range (softshrink's lambda) or at two values' order (hardtanh's min and max). So
+  // sign or range (softshrink's lambda) or at two values' order (a min above a max). So
   // those doubles are keyed by double_class and by their order, and an optimizer's step sizes,
   // new every step, do not run the (Python, ~100 us) meta kernel every call.
   KeyWriter(std::vector<int64_t>& w, bool doubles_by_class) : w_(w), doubles_by_class_(doubles_by_class) {}

@@ -5,7 +5,7 @@ Non-capturable Adam and AdamW pass new step sizes every step (`addcdiv_(..., val
 ran the op's Python meta kernel (100-140 us against 7 for the op). A pointwise op's output
 metadata never depends on a double's value, so those are keyed by the value's class (sign, whole
 or not, range) and the order of consecutive doubles: the checks that look at values (softshrink's
-lambda >= 0, hardtanh's min <= max) still raise at the call.
+lambda >= 0, a min above a max) still raise at the call.
 """
 
 import pytest
