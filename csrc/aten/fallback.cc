@@ -582,7 +582,7 @@ void strict_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack, co
   // Shapes, strides and argument errors come from the meta kernel, here.
   const MetaResult* meta_ptr;
   try {
-    meta_ptr = &meta_result(op, args);
+    meta_ptr = &meta_result(op, args, info.pointwise);
   } catch (const std::exception& e) {
     // No meta kernel (or one raising from Python): remember, and run now.
     // Other meta errors may be stricter than the CPU kernel (data-dependent

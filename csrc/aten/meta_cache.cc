@@ -209,14 +209,14 @@ bool meta_has_lists(const MetaResult& meta) {
 }
 
 // Runs the meta kernel (or reuses its cached answer). Throws what it throws.
-const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args) {
+const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<IValue> args, bool pointwise) {
   // The key is written into a buffer kept per thread: a hit allocates nothing.
   thread_local MetaKey key;
   key.op = &op.schema();
   key.words.clear();
   // Factories without a dtype argument follow the default dtype.
   key.words.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
-  KeyWriter writer(key.words, op.hasTag(at::Tag::pointwise));
+  KeyWriter writer(key.words, pointwise);
   bool cacheable = true;
   for (const IValue& v : args) cacheable = cacheable && writer.value(v);
   if (cacheable) {

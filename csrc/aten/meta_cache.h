@@ -34,9 +34,10 @@ bool meta_has_lists(const MetaResult& meta);
 
 // Runs the meta kernel on meta aliases of `args` (or reuses its cached
 // answer); throws what the meta kernel throws. The reference is valid until
-// the next call on this thread.
+// the next call on this thread. `pointwise` (OpInfo::pointwise): the cache keys
+// double arguments by their class and order instead of their bits.
 // Its warnings are given to the caller's warning handler at every call.
-const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+const MetaResult& meta_result(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool pointwise);
 
 // What the strict fallback learns about a cached signature at its first call and
 // reuses at later ones (so that a repeated call skips that work).

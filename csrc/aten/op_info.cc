@@ -78,6 +78,7 @@ OpInfo* build(const c10::OperatorHandle& op) {
     info->has_optional_tensor_list |= elem && elem->getElementType()->kind() == c10::TypeKind::TensorType;
   }
   info->matmul = is_matmul_family(op);
+  info->pointwise = op.hasTag(at::Tag::pointwise);
   // Ops whose meta kernels disagree with their CPU kernels (output dtypes or
   // shapes), or whose CPU out= kernels resize or re-stride their outputs:
   // they run synchronously on the CPU kernel's own results.

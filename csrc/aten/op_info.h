@@ -28,6 +28,7 @@ struct OpInfo {
   std::vector<ReturnAlias> returns;
   bool writes_args = false;  // in-place or out= arguments
   bool matmul = false;       // follows the float32 matmul precision
+  bool pointwise = false;    // ATen's `pointwise` tag: outputs never depend on a double's value
   // "add.Tensor" -> "add.out": same arguments plus one kwarg-only Tensor(a!)
   // per return, so the CPU kernel can write straight into HBM.
   std::optional<c10::OperatorHandle> out_variant;

@@ -16,7 +16,6 @@
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -62,12 +61,10 @@ void check_cell_arguments(const char* op, const at::Tensor& input_gates, const a
   check_dtypes(op, tensors);
 }
 
-// A backward kernel's inputs: states and gradients of one shape [B, H] (`shaped`, undefined ones
-// skipped) and a workspace of shape [B, parts * H], every tensor of one floating dtype.
+// A backward kernel's inputs: states and gradients of one shape [B, H] (`shaped`, all defined)
+// and a workspace of shape [B, parts * H], every tensor of one floating dtype.
 void check_backward_arguments(const char* op, const at::Tensor& workspace, int64_t parts,
                               std::vector<const at::Tensor*> shaped) {
-  shaped.erase(std::remove_if(shaped.begin(), shaped.end(), [](const at::Tensor* t) { return !t->defined(); }),
-               shaped.end());
   const at::Tensor& first = *shaped.front();
   TORCH_CHECK(first.dim() == 2, op, ": expected 2-D states and gradients, got ", first.sizes());
   for (const at::Tensor* t : shaped) {
@@ -112,9 +109,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell_backward(const st
                                                                         const at::Tensor& cx, const at::Tensor& cy,
                                                                         const at::Tensor& workspace, bool has_bias) {
   if (!defined(grad_hy) && !defined(grad_cy)) return {};  // as CUDA: nothing flows back
-  const at::Tensor none;
-  check_backward_arguments("_thnn_fused_lstm_cell_backward_impl", workspace, 4,
-                           {&cx, &cy, defined(grad_hy) ? &*grad_hy : &none, defined(grad_cy) ? &*grad_cy : &none});
+  std::vector<const at::Tensor*> shaped{&cx, &cy};
+  for (const std::optional<at::Tensor>* grad : {&grad_hy, &grad_cy}) {
+    if (defined(*grad)) shaped.push_back(&**grad);
+  }
+  check_backward_arguments("_thnn_fused_lstm_cell_backward_impl", workspace, 4, std::move(shaped));
   auto gates = workspace.chunk(4, 1);
   const at::Tensor &in = gates[0], &forget = gates[1], &cell = gates[2], &out = gates[3];
   const at::Tensor tanh_cy = cy.tanh();

@@ -330,7 +330,7 @@ bool defer_record(const c10::OperatorHandle& op, torch::jit::Stack* stack, const
   std::vector<ir::TensorType> outs;
   std::vector<c10::ScalarType> out_dtypes;
   try {
-    const MetaResult& meta = meta_result(op, args);
+    const MetaResult& meta = meta_result(op, args, info.pointwise);
     for (const auto& rm : meta) {
       if (rm.is_list || rm.tensors.size() != 1 || !rm.tensors[0].defined) return false;
       const TensorMeta& m = rm.tensors[0];

@@ -49,6 +49,18 @@ def _compare(cpu_module, tpu_module, args, dtype=torch.float32):
         torch.testing.assert_close(got, want, **TOL[dtype])
 
 
+class _StateAsArguments(nn.Module):
+    """`module(x, (h, c))` (LSTM) or `module(x, h)` (GRU) with the state as separate arguments, so
+    that _run gives each its own gradient."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x, h, c=None):
+        return self.module(x, h if c is None else (h, c))
+
+
 LAYERS = {
     "lstm": lambda: nn.LSTM(6, 8),
     "lstm 2 layers bidirectional batch_first": lambda: nn.LSTM(
@@ -77,19 +89,7 @@ def test_layer_with_initial_state(kind):
     x, h = torch.randn(6, 2, 4), torch.randn(2, 2, 7)
     state = (h, torch.randn(2, 2, 7)) if kind == "lstm" else h
     flat = [x, *state] if kind == "lstm" else [x, h]
-
-    def call(module, x, *s):
-        return module(x, tuple(s) if kind == "lstm" else s[0])
-
-    class Wrap(nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, *a):
-            return call(self.m, *a)
-
-    _compare(Wrap(cpu), Wrap(tpu), flat)
+    _compare(_StateAsArguments(cpu), _StateAsArguments(tpu), flat)
 
 
 CELLS = {
@@ -111,16 +111,7 @@ def test_cell_values_and_gradients_match_cpu(name, with_state):
         h = torch.randn(3, 9)
         args.append((h, torch.randn(3, 9)) if lstm else h)
     if with_state and lstm:
-
-        class Wrap(nn.Module):
-            def __init__(self, m):
-                super().__init__()
-                self.m = m
-
-            def forward(self, x, h, c):
-                return self.m(x, (h, c))
-
-        _compare(Wrap(cpu), Wrap(tpu), [args[0], *args[1]])
+        _compare(_StateAsArguments(cpu), _StateAsArguments(tpu), [args[0], *args[1]])
     else:
         _compare(cpu, tpu, args)
 
