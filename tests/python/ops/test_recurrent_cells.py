@@ -1,10 +1,11 @@
-"""nn.LSTM, nn.GRU and their cells on tpu (csrc/aten/ops_rnn.cc).
+"""nn.LSTMCell, nn.GRUCell and the fused cell kernels on tpu (csrc/aten/ops_rnn.cc).
 
-ATen's recurrent layers take the fused cell kernels (`_thnn_fused_lstm_cell`,
-`_thnn_fused_gru_cell` and their backward) for any device but the CPU; those have CUDA kernels
-only, so on tpu every LSTM or GRU step raised NotImplementedError. CPU eager (ATen's unfused
-cells) is the oracle: values and gradients agree to float32 rounding (the gates' sums run in
-another order).
+ATen's cells take the fused cell kernels (`_thnn_fused_lstm_cell`, `_thnn_fused_gru_cell` and
+their backward) for any device but the CPU; those have CUDA kernels only, so on tpu every cell
+raised NotImplementedError. The layers (nn.LSTM, nn.GRU) take CPU eager's route on tpu
+(test_recurrent_layers.py) except for packed sequences and while tracing, which use these cells.
+CPU eager (ATen's unfused cells) is the oracle: values and gradients agree to float32 rounding
+(the gates' sums run in another order).
 """
 
 import pytest
@@ -59,37 +60,6 @@ class _StateAsArguments(nn.Module):
 
     def forward(self, x, h, c=None):
         return self.module(x, h if c is None else (h, c))
-
-
-LAYERS = {
-    "lstm": lambda: nn.LSTM(6, 8),
-    "lstm 2 layers bidirectional batch_first": lambda: nn.LSTM(
-        6, 8, num_layers=2, bidirectional=True, batch_first=True
-    ),
-    "lstm without bias": lambda: nn.LSTM(6, 8, bias=False),
-    "lstm with projections": lambda: nn.LSTM(6, 8, proj_size=5),
-    "gru": lambda: nn.GRU(6, 8),
-    "gru 2 layers bidirectional batch_first": lambda: nn.GRU(6, 8, num_layers=2, bidirectional=True, batch_first=True),
-    "gru without bias": lambda: nn.GRU(6, 8, bias=False),
-}
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("name", list(LAYERS))
-def test_layer_values_and_gradients_match_cpu(name, dtype):
-    cpu, tpu = _pair(LAYERS[name], dtype)
-    torch.manual_seed(2)
-    _compare(cpu, tpu, [torch.randn(5, 3, 6, dtype=dtype)], dtype)
-
-
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_layer_with_initial_state(kind):
-    cpu, tpu = _pair(lambda: (nn.LSTM if kind == "lstm" else nn.GRU)(4, 7, num_layers=2))
-    torch.manual_seed(3)
-    x, h = torch.randn(6, 2, 4), torch.randn(2, 2, 7)
-    state = (h, torch.randn(2, 2, 7)) if kind == "lstm" else h
-    flat = [x, *state] if kind == "lstm" else [x, h]
-    _compare(_StateAsArguments(cpu), _StateAsArguments(tpu), flat)
 
 
 CELLS = {
@@ -160,16 +130,6 @@ def test_double_backward(kind):
         torch.testing.assert_close(got, want, **TOL[torch.float64])
 
 
-def test_bfloat16_layer_close_to_cpu():
-    cpu, tpu = _pair(lambda: nn.LSTM(8, 16), torch.bfloat16)
-    torch.manual_seed(8)
-    x = torch.randn(5, 2, 8, dtype=torch.bfloat16)
-    want, _ = cpu(x)
-    got, _ = tpu(x.to("tpu"))
-    assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.cpu(), want, rtol=2e-2, atol=2e-2)
-
-
 @pytest.mark.parametrize("op", ["lstm", "gru"])
 def test_fused_cell_rejects_mismatched_shapes_at_the_call(op):
     ig = torch.randn(3, 12, device="tpu")
@@ -194,6 +154,17 @@ def test_fused_lstm_cell_workspace_holds_the_activated_gates():
     torch.testing.assert_close(cy.cpu(), want_cy)
     torch.testing.assert_close(hy.cpu(), o * want_cy.tanh())
     torch.testing.assert_close(workspace.cpu(), torch.cat([i, f, g, o], 1))
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_packed_layers(kind):
+    cpu, tpu = _pair(lambda: (nn.LSTM if kind == "lstm" else nn.GRU)(6, 8, num_layers=2, bidirectional=True))
+    torch.manual_seed(12)
+    x = torch.randn(5, 3, 6)
+    packed = nn.utils.rnn.pack_padded_sequence(x, [5, 4, 2])
+    want = cpu(packed)[0].data
+    got = tpu(packed.to("tpu"))[0].data
+    torch.testing.assert_close(got.cpu(), want, **TOL[torch.float32])
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
