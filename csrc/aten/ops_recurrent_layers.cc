@@ -13,6 +13,7 @@
 // and symbolic shapes take ATen's composite, as before.
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/cat.h>
@@ -69,9 +70,12 @@ bool onednn_runs_natively(at::ScalarType dtype) {
 }
 
 // CPU eager's condition for an LSTM on oneDNN (use_mkldnn and has_projections in ATen's RNN.cpp).
+// Under torch.autocast("tpu") the composite route instead: its products autocast as on every other
+// path (mkldnn_rnn_layer is on none of the tpu's autocast lists, which are CUDA's).
 bool takes_onednn(const at::Tensor& input, at::TensorList hx) {
   if (!at::globalContext().userEnabledMkldnn() || input.numel() == 0) return false;
-  if (hx[0].dim() != 3 || hx[1].dim() != 3 || hx[0].size(2) != hx[1].size(2)) return false;
+  if (at::autocast::is_autocast_enabled(c10::DeviceType::PrivateUse1)) return false;
+  if (hx[0].size(2) != hx[1].size(2)) return false;
   switch (input.scalar_type()) {
     case at::kFloat:
       return true;
@@ -84,6 +88,22 @@ bool takes_onednn(const at::Tensor& input, at::TensorList hx) {
   }
 }
 
+void check_parameter_count(const char* op, at::TensorList params, int64_t per_layer, int64_t num_layers,
+                           int64_t directions) {
+  TORCH_CHECK(num_layers >= 1, op, ": expected num_layers of at least 1, got ", num_layers);
+  TORCH_CHECK(static_cast<int64_t>(params.size()) == per_layer * num_layers * directions, op, ": expected ",
+              per_layer * num_layers * directions, " parameter tensors for ", num_layers, " layers, got ",
+              params.size());
+}
+
+std::string shapes_of(const at::Tensor* tensors, int64_t count) {
+  std::string shapes;
+  for (int64_t i = 0; i < count; ++i) {
+    shapes += (i ? (i + 1 == count ? " and " : ", ") : "") + c10::str(tensors[i].sizes());
+  }
+  return shapes;
+}
+
 // ---- CPU eager's route for an LSTM: oneDNN's whole-layer kernel per layer and direction.
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_layers_onednn(const at::Tensor& input_, at::TensorList hx,
@@ -91,11 +111,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_layers_onednn(const at::Tens
                                                                   int64_t num_layers, double dropout, bool train,
                                                                   bool bidirectional, bool batch_first) {
   const int64_t directions = bidirectional ? 2 : 1;
-  const size_t per_layer = has_biases ? 4 : 2;
-  TORCH_CHECK(params.size() == per_layer * num_layers * directions, "lstm: expected ",
-              per_layer * num_layers * directions, " parameter tensors for ", num_layers, " layers, got ",
-              params.size());
-  TORCH_CHECK(input_.dim() == 3, "lstm: expected a 3-D input, got ", input_.sizes());
+  const int64_t per_layer = has_biases ? 4 : 2;
+  check_parameter_count("lstm", params, per_layer, num_layers, directions);
   const int64_t hidden_size = hx[0].size(2), batch = input_.size(batch_first ? 0 : 1);
   // oneDNN reads these shapes from its descriptors without checking the tensors: check here.
   for (const at::Tensor& state : hx) {
@@ -113,7 +130,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_layers_onednn(const at::Tens
                 "lstm: expected the weights of layer ", index / directions, " of shapes [", 4 * hidden_size, ", ",
                 layer_input_size, "] and [", 4 * hidden_size, ", ", hidden_size, "]",
                 has_biases ? " and biases of shape [" + std::to_string(4 * hidden_size) + "]" : std::string(), ", got ",
-                w[0].sizes(), " and ", w[1].sizes());
+                shapes_of(w, per_layer));
   }
   at::Tensor layer_input = (batch_first ? input_.transpose(0, 1) : input_).contiguous();
   const at::Tensor h0 = hx[0].contiguous(), c0 = hx[1].contiguous();
@@ -208,16 +225,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layers_cpu_route(Cell cell, const
                                                                 int64_t num_layers, double dropout, bool train,
                                                                 bool bidirectional, bool batch_first) {
   const int64_t directions = bidirectional ? 2 : 1;
-  const bool projections = cell == Cell::kLstm && h0.dim() == 3 && c0.dim() == 3 && h0.size(2) != c0.size(2);
-  const size_t per_layer = (has_biases ? 4 : 2) + (projections ? 1 : 0);
-  TORCH_CHECK(params.size() % per_layer == 0, "got an incorrect number of RNN parameters");
-  TORCH_CHECK(params.size() == per_layer * num_layers * directions, "rnn: expected ",
-              per_layer * num_layers * directions, " parameter tensors for ", num_layers, " layers, got ",
-              params.size());
-  TORCH_CHECK(h0.dim() >= 1 && h0.size(0) == num_layers * directions, "rnn: expected hidden states with ",
-              num_layers * directions, " layers and directions in dim 0, got ", h0.sizes());
-  TORCH_CHECK(!c0.defined() || c0.sizes()[0] == h0.sizes()[0], "rnn: expected cell states with ",
-              num_layers * directions, " layers and directions in dim 0, got ", c0.sizes());
+  const bool projections = cell == Cell::kLstm && h0.size(2) != c0.size(2);  // LSTM: both 3-D
+  const int64_t per_layer = (has_biases ? 4 : 2) + (projections ? 1 : 0);
+  TORCH_CHECK(static_cast<int64_t>(params.size()) % per_layer == 0, "got an incorrect number of RNN parameters");
+  check_parameter_count("rnn", params, per_layer, num_layers, directions);
+  for (const at::Tensor& state : {h0, c0}) {
+    TORCH_CHECK(!state.defined() || (state.dim() >= 1 && state.size(0) == num_layers * directions),
+                "rnn: expected states with ", num_layers * directions, " layers and directions in dim 0, got ",
+                state.sizes());
+  }
   at::Tensor layer_input = batch_first ? input_.transpose(0, 1) : input_;
   const std::vector<at::Tensor> hs = h0.unbind(0), cs = c0.defined() ? c0.unbind(0) : std::vector<at::Tensor>();
   std::vector<at::Tensor> final_h, final_c, outputs(directions);
@@ -244,7 +260,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layers_cpu_route(Cell cell, const
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx, at::TensorList params,
                                                     bool has_biases, int64_t num_layers, double dropout, bool train,
                                                     bool bidirectional, bool batch_first) {
-  if (hx.size() != 2 || !all_plain_tpu(input, hx, params)) {
+  // Other ranks: ATen's composite, which raises CPU's errors for them.
+  if (hx.size() != 2 || input.dim() != 3 || hx[0].dim() != 3 || hx[1].dim() != 3 || !all_plain_tpu(input, hx, params)) {
     return at::native::lstm(input, hx, params, has_biases, num_layers, dropout, train, bidirectional, batch_first);
   }
   if (takes_onednn(input, hx)) {

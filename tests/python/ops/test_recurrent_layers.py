@@ -205,3 +205,68 @@ def test_gru_bad_arguments_raise_at_the_call_as_on_cpu(case):
         errors.append(str(error.value))
     assert errors[1] == errors[0]
     torch.tpu.synchronize()
+
+
+# Found by a break-it pass.
+
+
+@pytest.mark.parametrize("cell_state_shape", [(1,), (1, 6), ()])
+def test_lstm_cell_state_of_too_few_dims_raises_as_on_cpu(cell_state_shape):
+    # A 1-D or 2-D cell state broadcast through the cells and returned a made-up shape.
+    torch.manual_seed(0)
+    params = list(nn.LSTM(4, 6)._flat_weights)
+    x, h, c = torch.randn(5, 2, 4), torch.zeros(1, 2, 6), torch.zeros(cell_state_shape)
+    errors = []
+    for device in ("cpu", "tpu"):
+        with pytest.raises((RuntimeError, IndexError)) as error:
+            torch.lstm(
+                x.to(device),
+                [h.to(device), c.to(device)],
+                [p.to(device) for p in params],
+                True,
+                1,
+                0.0,
+                False,
+                False,
+                False,
+            )
+        errors.append(error.type)
+    assert errors[1] is errors[0]
+    torch.tpu.synchronize()
+
+
+def test_lstm_under_autocast_equals_cpu_autocast():
+    # The float32 oneDNN route ignored autocast (mkldnn_rnn_layer is on no tpu autocast list);
+    # under autocast the layer takes the composite route, whose products autocast to bf16. The
+    # oracle: CPU autocast on the same route (oneDNN off; the CPU's oneDNN LSTM needs bf16 units).
+    torch.manual_seed(0)
+    module, x = nn.LSTM(6, 8, num_layers=2), torch.randn(5, 3, 6)
+    with torch.backends.mkldnn.flags(enabled=False), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = module(x)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        got = copy.deepcopy(module).to("tpu")(x.to("tpu"))
+    plain = module(x)[0]
+    assert not torch.allclose(want[0], plain, rtol=1e-4, atol=1e-4)  # the products did run in bf16
+    for g, w in zip((got[0], *got[1]), (want[0], *want[1])):
+        assert g.dtype == w.dtype
+        assert torch.equal(g.cpu(), w)
+
+
+@pytest.mark.parametrize("num_layers", [0, -1])
+@pytest.mark.parametrize("op", ["lstm", "gru"])
+def test_num_layers_below_one_raises_at_the_call(op, num_layers):
+    params = [p.to("tpu") for p in (nn.LSTM if op == "lstm" else nn.GRU)(4, 6)._flat_weights]
+    x, h = torch.randn(5, 2, 4, device="tpu"), torch.zeros(1, 2, 6, device="tpu")
+    state = [h, h] if op == "lstm" else h
+    with pytest.raises(RuntimeError, match="num_layers"):
+        getattr(torch, op)(x, state, params, True, num_layers, 0.0, True, False, False)
+    torch.tpu.synchronize()
+
+
+def test_wrong_bias_shape_is_named():
+    params = [p.to("tpu") for p in nn.LSTM(4, 6)._flat_weights]
+    params[2] = torch.zeros(7, device="tpu")
+    h = torch.zeros(1, 2, 6, device="tpu")
+    with pytest.raises(RuntimeError, match=r"biases of shape \[24\], got .*\[7\]"):
+        torch.lstm(torch.randn(5, 2, 4, device="tpu"), [h, h], params, True, 1, 0.0, True, False, False)
+    torch.tpu.synchronize()
