@@ -104,6 +104,36 @@ std::string shapes_of(const at::Tensor* tensors, int64_t count) {
   return shapes;
 }
 
+// A recurrent state: h, and c for an LSTM.
+struct State {
+  at::Tensor h, c;
+};
+
+// The layers over `input_` ([T, B, I], or [B, T, I] batch_first), as ATen stacks them for both
+// routes: each layer's directions (`run(layer_input [T, B, I'], index, reverse)`, giving that
+// direction's outputs [T, B, H'] and last state) concatenated, dropout between layers in
+// training. Returns the output and the final states stacked in index order (c undefined
+// without cell states).
+template <typename RunDirection>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> stack_layers(const at::Tensor& input_, int64_t num_layers,
+                                                            int64_t directions, double dropout, bool train,
+                                                            bool batch_first, const RunDirection& run) {
+  at::Tensor layer_input = batch_first ? input_.transpose(0, 1) : input_;
+  std::vector<at::Tensor> final_h, final_c, outputs(directions);
+  for (int64_t layer = 0; layer < num_layers; ++layer) {
+    for (int64_t direction = 0; direction < directions; ++direction) {
+      auto [output, state] = run(layer_input, layer * directions + direction, direction == 1);
+      outputs[direction] = std::move(output);
+      final_h.push_back(std::move(state.h));
+      if (state.c.defined()) final_c.push_back(std::move(state.c));
+    }
+    layer_input = directions == 1 ? outputs[0] : at::cat(outputs, -1);
+    if (dropout != 0 && train && layer < num_layers - 1) layer_input = at::dropout(layer_input, dropout, true);
+  }
+  at::Tensor output = batch_first ? layer_input.transpose(0, 1) : layer_input;
+  return {std::move(output), at::stack(final_h, 0), final_c.empty() ? at::Tensor() : at::stack(final_c, 0)};
+}
+
 // ---- CPU eager's route for an LSTM: oneDNN's whole-layer kernel per layer and direction.
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_layers_onednn(const at::Tensor& input_, at::TensorList hx,
@@ -132,38 +162,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_layers_onednn(const at::Tens
                 has_biases ? " and biases of shape [" + std::to_string(4 * hidden_size) + "]" : std::string(), ", got ",
                 shapes_of(w, per_layer));
   }
-  at::Tensor layer_input = (batch_first ? input_.transpose(0, 1) : input_).contiguous();
   const at::Tensor h0 = hx[0].contiguous(), c0 = hx[1].contiguous();
-  std::vector<at::Tensor> hy, cy, outputs(directions);
-  for (int64_t layer = 0; layer < num_layers; ++layer) {
-    for (int64_t direction = 0; direction < directions; ++direction) {
-      const int64_t index = layer * directions + direction;
-      const at::Tensor* w = &params[index * per_layer];
-      // Without biases oneDNN still reads a bias argument; ATen passes zeros it never uses.
-      at::Tensor no_bias = has_biases ? at::Tensor() : at::zeros({w[0].size(0)}, w[0].options());
-      auto [output, h, c, workspace] =
-          at::mkldnn_rnn_layer(layer_input, w[0], w[1], has_biases ? w[2] : no_bias, has_biases ? w[3] : no_bias,
-                               h0[index], c0[index], /*reverse=*/direction == 1, /*batch_sizes=*/{}, kOneDnnLstm,
-                               hidden_size, num_layers, has_biases, bidirectional, batch_first, train);
-      outputs[direction] = std::move(output);
-      hy.push_back(std::move(h));
-      cy.push_back(std::move(c));
-    }
-    layer_input = directions == 1 ? outputs[0] : at::cat(outputs, -1);
-    if (dropout != 0 && train && layer < num_layers - 1) layer_input = at::dropout(layer_input, dropout, true);
-  }
-  at::Tensor output = batch_first ? layer_input.transpose(0, 1) : layer_input;
-  return {std::move(output), at::stack(hy, 0), at::stack(cy, 0)};
+  auto run = [&](const at::Tensor& layer_input, int64_t index, bool reverse) {
+    const at::Tensor* w = &params[index * per_layer];
+    // Without biases oneDNN still reads a bias argument; ATen passes zeros it never uses.
+    at::Tensor no_bias = has_biases ? at::Tensor() : at::zeros({w[0].size(0)}, w[0].options());
+    auto [output, h, c, workspace] =
+        at::mkldnn_rnn_layer(layer_input.contiguous(), w[0], w[1], has_biases ? w[2] : no_bias,
+                             has_biases ? w[3] : no_bias, h0[index], c0[index], reverse, /*batch_sizes=*/{},
+                             kOneDnnLstm, hidden_size, num_layers, has_biases, bidirectional, batch_first, train);
+    return std::make_pair(std::move(output), State{std::move(h), std::move(c)});
+  };
+  return stack_layers(input_, num_layers, directions, dropout, train, batch_first, run);
 }
 
 // ---- CPU eager's route for every other layer: the whole sequence's input projection up front,
 // then each step's cell as in-place ops (ATen's FullLayer and cells for CPU tensors).
 
 enum class Cell { kLstm, kGru, kTanh, kRelu };
-
-struct State {
-  at::Tensor h, c;  // c: LSTM only
-};
 
 struct Weights {
   at::Tensor w_ih, w_hh, b_ih, b_hh, w_hr;  // biases and w_hr (LSTM projections) may be undefined
@@ -234,27 +250,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layers_cpu_route(Cell cell, const
                 "rnn: expected states with ", num_layers * directions, " layers and directions in dim 0, got ",
                 state.sizes());
   }
-  at::Tensor layer_input = batch_first ? input_.transpose(0, 1) : input_;
   const std::vector<at::Tensor> hs = h0.unbind(0), cs = c0.defined() ? c0.unbind(0) : std::vector<at::Tensor>();
-  std::vector<at::Tensor> final_h, final_c, outputs(directions);
-  for (int64_t layer = 0; layer < num_layers; ++layer) {
-    for (int64_t direction = 0; direction < directions; ++direction) {
-      const int64_t index = layer * directions + direction;
-      const at::Tensor* p = &params[index * per_layer];
-      Weights w{p[0], p[1]};
-      if (has_biases) w.b_ih = p[2], w.b_hh = p[3];
-      if (projections) w.w_hr = p[per_layer - 1];
-      State start{hs[index], cs.empty() ? at::Tensor() : cs[index]};
-      auto [output, state] = run_direction(cell, layer_input, std::move(start), w, direction == 1);
-      outputs[direction] = std::move(output);
-      final_h.push_back(std::move(state.h));
-      if (state.c.defined()) final_c.push_back(std::move(state.c));
-    }
-    layer_input = directions == 1 ? outputs[0] : at::cat(outputs, outputs[0].dim() - 1);
-    if (dropout != 0 && train && layer < num_layers - 1) layer_input = at::dropout(layer_input, dropout, true);
-  }
-  at::Tensor output = batch_first ? layer_input.transpose(0, 1) : layer_input;
-  return {std::move(output), at::stack(final_h, 0), final_c.empty() ? at::Tensor() : at::stack(final_c, 0)};
+  auto run = [&](const at::Tensor& layer_input, int64_t index, bool reverse) {
+    const at::Tensor* p = &params[index * per_layer];
+    Weights w{p[0], p[1]};
+    if (has_biases) w.b_ih = p[2], w.b_hh = p[3];
+    if (projections) w.w_hr = p[per_layer - 1];
+    return run_direction(cell, layer_input, State{hs[index], cs.empty() ? at::Tensor() : cs[index]}, w, reverse);
+  };
+  return stack_layers(input_, num_layers, directions, dropout, train, batch_first, run);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm(const at::Tensor& input, at::TensorList hx, at::TensorList params,
